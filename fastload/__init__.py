@@ -1,0 +1,63 @@
+"""fastload: keep GPUs busy during PyTorch image training.
+
+The public surface is ``__all__``. Names are imported on first use (PEP 562), so
+``import fastload`` is cheap, works without the optional extras (DALI, matplotlib, NVML)
+and does not import torch until a torch-facing name is touched; conversion worker
+processes rely on that.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # errors
+    "FastloadError": "fastload.errors",
+    "StoreError": "fastload.errors",
+    "NotAStoreError": "fastload.errors",
+    "IncompleteStoreError": "fastload.errors",
+    "StoreVersionError": "fastload.errors",
+    "ChecksumError": "fastload.errors",
+    "ConvertError": "fastload.errors",
+    "SourceError": "fastload.errors",
+    "CorruptSampleError": "fastload.errors",
+    "TooManyCorruptSamplesError": "fastload.errors",
+    "RecipeError": "fastload.errors",
+    "MissingDependencyError": "fastload.errors",
+    "Overloaded": "fastload.errors",
+    # pack
+    "convert": "fastload.pack.convert",
+    "ConvertOptions": "fastload.pack.convert",
+    "ConvertReport": "fastload.pack.convert",
+    # load
+    "LMDBImageDataset": "fastload.load.dataset",
+    "inspect_store": "fastload.load.store",
+    "verify_store": "fastload.load.store",
+    "train_transform": "fastload.load.transforms",
+    "eval_transform": "fastload.load.transforms",
+    "collate_uint8": "fastload.load.transforms",
+    "normalize": "fastload.load.transforms",
+    "IMAGENET_MEAN": "fastload.load.transforms",
+    "IMAGENET_STD": "fastload.load.transforms",
+    # data
+    "make_dataset": "fastload.datasets",
+    "ensure_default_dataset": "fastload.datasets",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

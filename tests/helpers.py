@@ -1,0 +1,108 @@
+"""Helpers that build test images in memory: plain, special (need normalising), and bad."""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    (dst / ".fastload-dataset.json").unlink(missing_ok=True)
+    return dst
+
+
+def photo(w: int = 96, h: int = 64, seed: int = 0) -> Image.Image:
+    """A small RGB image with texture (so JPEG round trips are not trivial)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 / w, y * 255 / h, (x + y) * 127 / (w + h)], -1)
+    arr = np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+    return Image.fromarray(arr, "RGB")
+
+
+def jpeg_bytes(img: Image.Image, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=kw.pop("quality", 90), **kw)
+    return buf.getvalue()
+
+
+def png_bytes(img: Image.Image, **kw) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "PNG", **kw)
+    return buf.getvalue()
+
+
+def exif_rotated_jpeg(orientation: int = 6) -> bytes:
+    img = photo(80, 48, seed=3)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return jpeg_bytes(img, exif=exif.tobytes())
+
+
+def png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def bomb_png(side: int = 20000) -> bytes:
+    """A valid PNG header claiming side×side pixels, with a tiny (truncated) image stream."""
+    ihdr = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr)
+            + png_chunk(b"IDAT", zlib.compress(b"\0" * 1000)) + png_chunk(b"IEND", b""))
+
+
+def special_images() -> dict[str, bytes]:
+    """Valid images that decoders disagree on, by name; each must be normalised."""
+    base = photo(72, 56, seed=5)
+    rgba = base.convert("RGBA")
+    rgba.putalpha(128)
+    pal = base.convert("P", palette=Image.ADAPTIVE, colors=32)
+    pal.info["transparency"] = 0
+    gray16 = Image.fromarray(np.asarray(base.convert("L")).astype(np.uint16) * 257)
+    buf = io.BytesIO()
+    base.save(buf, "WEBP", quality=90)
+    webp = buf.getvalue()
+    buf = io.BytesIO()
+    base.save(buf, "BMP")
+    bmp = buf.getvalue()
+    buf = io.BytesIO()
+    base.convert("CMYK").save(buf, "JPEG", quality=92)
+    cmyk = buf.getvalue()
+    return {
+        "exif6.jpg": exif_rotated_jpeg(6),
+        "cmyk.jpg": cmyk,
+        "rgba.png": png_bytes(rgba),
+        "palette.png": png_bytes(pal),
+        "gray16.png": png_bytes(gray16),
+        "photo.webp": webp,
+        "photo.bmp": bmp,
+    }
+
+
+def plain_images() -> dict[str, bytes]:
+    """Valid images whose original bytes are stored as they are."""
+    base = photo(90, 60, seed=9)
+    return {
+        "rgb.jpg": jpeg_bytes(base),
+        "gray.jpg": jpeg_bytes(base.convert("L")),
+        "progressive.jpg": jpeg_bytes(base, progressive=True),
+        "rgb.png": png_bytes(base),
+        "gray.png": png_bytes(base.convert("L")),
+    }
+
+
+def bad_files() -> dict[str, bytes]:
+    good = jpeg_bytes(photo(64, 64, seed=11))
+    return {
+        "truncated.jpg": good[: len(good) // 2],
+        "empty.jpg": b"",
+        "notimage.jpg": b"this is a text file, not a JPEG\n" * 10,
+        "bomb.png": bomb_png(),
+    }
