@@ -1,0 +1,12 @@
+"""A conversion worker handler that segfaults on files named crash_*: a native decoder crash."""
+
+import ctypes
+import os
+
+from fastload.pack.normalize import prepare_file as real
+
+
+def prepare_file(path: str, options: dict):
+    if os.path.basename(path).startswith("crash_"):
+        ctypes.string_at(0)  # SIGSEGV, exactly like a bug in a C decoder
+    return real(path, options)
