@@ -1,0 +1,132 @@
+"""``LMDBImageDataset``: a store as a map-style dataset that behaves like ``ImageFolder``.
+
+Owns: the dataset object (``classes``, ``class_to_idx``, ``targets``, ``samples``,
+``get_bytes``), choosing the decode path per transform, and the ``on_error`` policy.
+
+Decode path: with no transform, or any torchvision-style transform, a sample is the PIL
+RGB image ``ImageFolder`` would give (Pillow's decoder). When the transform is one of
+fastload's presets (anything with a ``from_bytes`` method) it gets the stored bytes and
+decodes only what it needs (``transforms.py``).
+
+Must not: open LMDB in ``__init__`` beyond reading the metadata (handles are per process,
+in ``store.StoreReader``), or batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch.utils.data
+
+from fastload.errors import CorruptSampleError, TooManyCorruptSamplesError
+from fastload.load.decode import corrupt, decode_pil
+from fastload.load.store import StoreReader
+
+__all__ = ["LMDBImageDataset"]
+
+log = logging.getLogger("fastload")
+MAX_CONSECUTIVE_SKIPS = 20
+
+
+class _Samples(Sequence):
+    """``samples`` as ImageFolder has it — ``(relpath, label)`` — without a million tuples."""
+
+    def __init__(self, paths: list[str], labels) -> None:
+        self._paths, self._labels = paths, labels
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self._paths[i], int(self._labels[i])
+
+
+class LMDBImageDataset(torch.utils.data.Dataset):
+    """A fastload store as an ``ImageFolder``-compatible dataset.
+
+    Args:
+        path: a store written by ``fastload convert`` (or a directory of its shards).
+        transform: applied to the PIL image; a fastload preset (``train_transform()``,
+            ``eval_transform()``) gets the stored bytes instead and uses the fast path.
+        target_transform: applied to the label.
+        on_error: ``"raise"`` (default): a sample that fails to decode raises
+            ``CorruptSampleError`` naming store, index and relative path. ``"skip"``: use
+            the next good sample instead, log it and count it in ``skipped``; more than
+            20 failures in a row raise ``TooManyCorruptSamplesError``.
+        readahead: OS readahead for the LMDB map. Off by default: it only helps
+            sequential scans, and for random reads of a store larger than RAM it fills the
+            page cache with pages nobody asked for.
+
+    Raises:
+        NotAStoreError, IncompleteStoreError, StoreVersionError: ``path`` is unusable.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], transform: Callable | None = None,
+                 target_transform: Callable | None = None, *, on_error: str = "raise",
+                 readahead: bool = False) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"Unknown value {on_error!r} for argument on_error. Valid values are 'raise', 'skip'.")
+        self._reader = StoreReader(path, readahead=readahead)
+        self.root = str(path)
+        self.transform = transform
+        self.target_transform = target_transform
+        self.on_error = on_error
+        self.classes: list[str] = list(self._reader.classes)
+        self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
+        self.targets: list[int] = self._reader.labels.tolist()
+        self.samples = _Samples(self._reader.paths, self._reader.labels)
+        self.skipped = 0  # samples replaced under on_error="skip", in this process
+
+    def __len__(self) -> int:
+        return len(self._reader)
+
+    def get_bytes(self, index: int) -> bytes:
+        """The encoded image bytes of sample ``index`` exactly as stored."""
+        return self._reader.get(index)
+
+    def _load(self, index: int) -> Any:
+        data = self._reader.get(index)
+        from_bytes = getattr(self.transform, "from_bytes", None)
+        try:
+            if from_bytes is not None:
+                return from_bytes(data)
+            img = decode_pil(data)
+        except Exception as exc:
+            raise corrupt(self.root, index, self._reader.paths[index], exc) from exc
+        return self.transform(img) if self.transform is not None else img
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        n = len(self)
+        if index < 0:
+            index += n
+        tried = 0
+        while True:
+            try:
+                image = self._load(index)
+                break
+            except CorruptSampleError as exc:
+                if self.on_error == "raise":
+                    raise
+                self.skipped += 1
+                tried += 1
+                log.warning("skipping %s (skipped %d so far in this process)",
+                            exc.args[0].splitlines()[0], self.skipped)
+                if tried > MAX_CONSECUTIVE_SKIPS:
+                    raise TooManyCorruptSamplesError(
+                        f"{self.root}: {tried} consecutive samples from index {index - tried + 1} failed to "
+                        f"decode; the store looks damaged.\nHINT: run `fastload verify {self.root}`."
+                    ) from exc
+                index = (index + 1) % n
+        target = int(self._reader.labels[index])
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return image, target
+
+    def __repr__(self) -> str:
+        return (f"LMDBImageDataset({self.root!r}, {len(self)} samples, {len(self.classes)} classes, "
+                f"transform={self.transform!r})")

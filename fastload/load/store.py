@@ -1,0 +1,189 @@
+"""Reading a store: lazy per-process LMDB handles, ``inspect`` and ``verify``.
+
+Owns: ``StoreReader`` (one store or a directory of shards seen as one index space, each
+environment opened on first use in the process that uses it: ``readonly=True,
+lock=False``, re-opened after ``fork``, never pickled), ``inspect_store`` and
+``verify_store``.
+
+LMDB forbids using an environment across ``fork()``, and py-lmdb refuses to open one
+twice in a process. DataLoader workers fork (or spawn) after the dataset was built in the
+parent, so handles live in ``format``'s per-process table keyed by path and checked
+against ``os.getpid()``; a reader holds only the key, so it pickles without a handle.
+
+Must not: decode for training (that is ``decode.py`` / ``transforms.py``) or write.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastload.errors import IncompleteStoreError, NotAStoreError
+from fastload.pack import format as fmt
+
+__all__ = ["StoreReader", "inspect_store", "verify_store", "VerifyReport"]
+
+
+class StoreReader:
+    """Random access to the records of a store or shard set, safe across fork and pickling."""
+
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = False) -> None:
+        self.path = Path(path)
+        self.metas = fmt.load_store_metas(self.path)
+        self.readahead = readahead
+        self.offsets = np.cumsum([0] + [m.count for m in self.metas]).tolist()
+        self.classes = self.metas[0].classes
+        self.labels = np.concatenate([m.labels for m in self.metas]).astype(np.int64)
+        self.paths = [p for m in self.metas for p in m.paths]
+        self.crc32 = np.concatenate([m.crc32 for m in self.metas])
+        self.encoding = np.concatenate([m.encoding for m in self.metas])
+        self._keys = [os.path.realpath(m.path) for m in self.metas]
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def _env(self, shard: int):
+        hit = fmt._ENVS.get(self._keys[shard])  # hot path: one dict lookup per read
+        if hit is not None and hit[0] == os.getpid():
+            return hit[1]
+        return fmt.open_env_readonly(self.metas[shard].path, readahead=self.readahead)
+
+    def close(self) -> None:
+        """Close this process's handles on the store (they reopen on next use)."""
+        for m in self.metas:
+            fmt.release_env(m.path)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, index within shard)`` of a global index."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"{self.path}: index {index} out of range for {len(self)} samples")
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        return shard, index - self.offsets[shard]
+
+    def get(self, index: int) -> bytes:
+        """The stored bytes of sample ``index``."""
+        shard, local = self.locate(index)
+        with self._env(shard).begin(buffers=False) as txn:
+            data = txn.get(fmt.sample_key(local))
+        if data is None:
+            raise NotAStoreError(f"{self.path}: sample {index} ({self.paths[index]}) is missing from the store.")
+        return data
+
+
+def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """What a store holds: counts, classes, bytes, encodings, options, completeness."""
+    path = Path(path)
+    try:
+        metas = fmt.load_store_metas(path)
+    except IncompleteStoreError as exc:
+        return {"path": str(path), "complete": False, "problem": str(exc)}
+    labels = np.concatenate([m.labels for m in metas])
+    classes = metas[0].classes
+    counts = np.bincount(labels, minlength=len(classes)) if len(labels) else np.zeros(len(classes), int)
+    total: dict[str, Any] = {"encodings": {}, "stored_as": {}, "normalised": {}}
+    for m in metas:
+        for key in total:
+            for k, v in m.header[key].items():
+                total[key][k] = total[key].get(k, 0) + v
+    return {
+        "path": str(path),
+        "complete": True,
+        "format_version": metas[0].header["version"],
+        "count": int(len(labels)),
+        "shards": len(metas) if len(metas) > 1 else None,
+        "classes": {c: int(n) for c, n in zip(classes, counts)},
+        "bytes": int(sum(m.header["bytes"] for m in metas)),
+        "skipped": sum(len(m.header["skipped"]) for m in metas),
+        "source": metas[0].header["source"],
+        "options": metas[0].header["options"] if len(metas) == 1 else
+        [m.header["options"] for m in metas],
+        **total,
+    }
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of ``verify_store``: ``failures`` holds ``(index, relpath, reason)``."""
+
+    path: str
+    count: int
+    failures: list[tuple[int, str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+def _verify_range(args: tuple[str, int, int, bool]) -> list[tuple[int, str, str]]:
+    path, start, stop, decode = args
+    from fastload.load.decode import decode_rgb_fast
+
+    reader = StoreReader(path)
+    bad = []
+    for i in range(start, stop):
+        rel = reader.paths[i]
+        try:
+            data = reader.get(i)
+        except Exception as exc:
+            bad.append((i, rel, f"unreadable: {exc}"))
+            continue
+        if zlib.crc32(data) != int(reader.crc32[i]):
+            bad.append((i, rel, f"checksum mismatch (stored crc32 {int(reader.crc32[i]):08x}, "
+                                f"bytes give {zlib.crc32(data):08x})"))
+            continue
+        if decode:
+            try:
+                decode_rgb_fast(data)
+            except Exception as exc:
+                bad.append((i, rel, f"decode failed: {exc}"))
+    reader.close()
+    return bad
+
+
+def verify_store(path: str | os.PathLike[str], *, decode: bool = True, workers: int | None = None,
+                 progress: bool = False) -> VerifyReport:
+    """Re-read every record, check its checksum and (by default) decode it.
+
+    Raises:
+        StoreError: the path is not a complete store.
+    """
+    from concurrent.futures import ProcessPoolExecutor
+
+    from tqdm import tqdm
+
+    from fastload.system import available_cpus
+
+    reader = StoreReader(path)
+    n = len(reader)
+    report = VerifyReport(str(path), n)
+    step = 256
+    jobs = [(str(path), s, min(n, s + step), decode) for s in range(0, n, step)]
+    workers = workers or available_cpus()
+    with tqdm(total=n, unit="img", desc="verify", disable=not progress) as bar:
+        if workers <= 1 or len(jobs) <= 1:
+            results = (_verify_range(j) for j in jobs)
+            for job, bad in zip(jobs, results):
+                report.failures.extend(bad)
+                bar.update(job[2] - job[1])
+        else:
+            import multiprocessing as mp
+
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+                for job, bad in zip(jobs, pool.map(_verify_range, jobs)):
+                    report.failures.extend(bad)
+                    bar.update(job[2] - job[1])
+    report.failures.sort()
+    return report
+
+
+def report_json(report: VerifyReport) -> str:
+    return json.dumps({"path": report.path, "count": report.count, "ok": report.ok,
+                       "failures": [{"index": i, "relpath": r, "reason": why} for i, r, why in report.failures]},
+                      indent=1)
