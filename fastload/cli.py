@@ -1,0 +1,204 @@
+"""The ``fastload`` command line: parse, build options, call one library function, print.
+
+Every fastload error becomes ``error: <message>`` on stderr and exit status 1; Ctrl-C
+exits with 130 after saying how to resume. Heavy modules are imported inside commands so
+``fastload --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from fastload.errors import FastloadError
+
+
+def _friendly(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except FastloadError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except KeyboardInterrupt:
+            click.echo("\ninterrupted; everything committed so far is kept: rerun the same command to resume.",
+                       err=True)
+            sys.exit(130)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fastload")
+def main() -> None:
+    """Keep GPUs busy: pack image datasets into LMDB, load them fast, measure where the step loop waits."""
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--max-side", type=click.IntRange(min=8), default=None,
+              help="Downscale images whose LONGER side exceeds N to N (re-encoded as JPEG).")
+@click.option("--quality", type=click.IntRange(1, 100), default=None,
+              help="JPEG quality for re-encoding [default: 90 with --max-side]. Alone, re-encodes every image.")
+@click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
+@click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Split the dataset into K shards (one machine each).")
+@click.option("--shard-index", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which shard this run packs, written to DST/shard-IIIII-of-KKKKK.")
+@click.option("--strict", is_flag=True, help="Stop at the first unreadable file instead of skipping it.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Validation processes [default: the CPUs this process may use].")
+@click.option("--max-pixels", type=click.IntRange(min=1), default=None,
+              help="Refuse larger images as decompression bombs [default: Pillow's limit, 178,956,970].")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Samples per write transaction.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_friendly
+def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, shard_index, strict,
+            workers, max_pixels, chunk_size, quiet) -> None:
+    """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
+
+    Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.
+    Interrupt it at any moment and rerun the same command to resume.
+    """
+    from fastload.pack.convert import ConvertOptions
+    from fastload.pack.convert import convert as run
+    from fastload.pack.normalize import DEFAULT_MAX_PIXELS
+
+    if shard_index >= num_shards:
+        raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
+    opts = ConvertOptions(max_side=max_side, quality=quality, shuffle=shuffle, seed=seed,
+                          num_shards=num_shards, shard_index=shard_index, strict=strict, workers=workers,
+                          chunk_size=chunk_size, max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
+                          progress=not quiet)
+    report = run(src, dst, opts)
+    click.echo(report.summary_line())
+    for s in report.skipped[:20]:
+        click.echo(f"  skipped {s['relpath']}: {s['reason']}")
+    if len(report.skipped) > 20:
+        click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
+    for reason, n in report.normalised.items():
+        click.echo(f"  normalised {n}: {reason}")
+
+
+@main.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--no-decode", is_flag=True, help="Check checksums only; do not decode.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_friendly
+def verify(store: Path, no_decode: bool, workers, as_json: bool, quiet: bool) -> None:
+    """Re-read every record of STORE, check checksums and decode; exit 1 on any problem."""
+    from fastload.load.store import report_json, verify_store
+
+    report = verify_store(store, decode=not no_decode, workers=workers, progress=not quiet and not as_json)
+    if as_json:
+        click.echo(report_json(report))
+    else:
+        for i, rel, why in report.failures:
+            click.echo(f"sample {i} ({rel}): {why}")
+        state = "OK" if report.ok else f"{len(report.failures)} bad"
+        click.echo(f"{store}: {report.count} samples checked, {state}")
+    if not report.ok:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@_friendly
+def inspect(store: Path, as_json: bool) -> None:
+    """Show what STORE holds: count, classes, bytes, encodings, options, completeness."""
+    from fastload.load.store import inspect_store
+
+    info = inspect_store(store)
+    if as_json:
+        click.echo(json.dumps(info, indent=1))
+        return
+    if not info["complete"]:
+        click.echo(f"{store}: INCOMPLETE\n{info['problem']}")
+        sys.exit(1)
+    click.echo(f"{info['path']}: complete, format v{info['format_version']}"
+               + (f", {info['shards']} shards" if info["shards"] else ""))
+    click.echo(f"  samples   {info['count']}  ({info['bytes'] / 1e6:.1f} MB, {info['skipped']} skipped at conversion)")
+    click.echo(f"  source    {info['source']['kind']} {info['source']['path']}")
+    click.echo(f"  encodings {', '.join(f'{k} {v}' for k, v in info['encodings'].items())}")
+    click.echo(f"  stored as {', '.join(f'{k} {v}' for k, v in info['stored_as'].items())}")
+    for reason, n in info["normalised"].items():
+        click.echo(f"    normalised {n}: {reason}")
+    opts = info["options"] if isinstance(info["options"], dict) else info["options"][0]
+    click.echo("  options   " + ", ".join(f"{k}={v}" for k, v in opts.items() if k not in ("shard_index",)))
+    click.echo(f"  classes   {len(info['classes'])}")
+    for name, n in info["classes"].items():
+        click.echo(f"    {n:8d}  {name}")
+
+
+@main.command("dataset")
+@click.argument("directory", type=click.Path(path_type=Path), required=False)
+@click.option("--classes", "num_classes", type=click.IntRange(1, 16), default=None,
+              help="Number of classes [default: 10].")
+@click.option("--per-class", type=click.IntRange(min=1), default=None, help="Images per class [default: 80].")
+@click.option("--seed", type=int, default=None, help="Seed [default: 0].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@_friendly
+def dataset(directory: Path | None, num_classes, per_class, seed, quiet) -> None:
+    """Generate the embedded default dataset (an ImageFolder tree) and print its path.
+
+    Without DIRECTORY it goes to the cache (~/.cache/fastload, or $FASTLOAD_CACHE), where
+    recipes find it.
+    """
+    from dataclasses import replace
+
+    from fastload.datasets import DEFAULT_SPEC, default_dataset_dir, make_dataset
+
+    overrides = {k: v for k, v in {"num_classes": num_classes, "per_class": per_class, "seed": seed}.items()
+                 if v is not None}
+    spec = replace(DEFAULT_SPEC, **overrides)
+    if directory is None:
+        if overrides:
+            raise click.BadParameter("options that change the data need an explicit DIRECTORY",
+                                     param_hint="DIRECTORY")
+        directory = default_dataset_dir()
+    click.echo(make_dataset(directory, spec, progress=not quiet))
+
+
+@main.group()
+def bench() -> None:
+    """Side-by-side benchmarks, reported as ratios against a baseline in the same run."""
+
+
+def _data_or_default(data: Path | None) -> Path:
+    if data is not None:
+        return data
+    from fastload.datasets import ensure_default_dataset
+
+    return ensure_default_dataset(progress=True)
+
+
+@bench.command("convert")
+@click.argument("data", type=click.Path(exists=True, path_type=Path), required=False)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes for every pass [default: the CPUs this process may use].")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
+@_friendly
+def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None:
+    """Conversion images/s against reading (cat) and read+decode of DATA, same pool.
+
+    DATA is an ImageFolder tree or file list [default: the embedded default dataset].
+    """
+    from fastload.measure.bench_convert import bench_convert
+
+    result = bench_convert(_data_or_default(data), workers=workers)
+    click.echo(result.table())
+    if json_out:
+        json_out.write_text(json.dumps(result.to_json(), indent=1))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
