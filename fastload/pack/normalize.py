@@ -158,8 +158,8 @@ def to_rgb(img: Image.Image) -> Image.Image:
 
 
 def decode_rgb(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Reference decode: ``data`` → HWC uint8 RGB array, as a user would see it."""
-    return np.asarray(to_rgb(open_image(data, max_pixels=max_pixels)))
+    """Reference decode: ``data`` → HWC uint8 RGB array (writable), as a user would see it."""
+    return np.array(to_rgb(open_image(data, max_pixels=max_pixels)))
 
 
 def _as_is_obstacle(data: bytes, kind: str | None, img: Image.Image) -> str | None:

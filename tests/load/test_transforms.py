@@ -1,0 +1,118 @@
+"""fastload.load.transforms: torchvision's crop geometry, eval equivalence, uint8 collate, normalize."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms as T
+import torchvision.transforms.v2 as T2
+from PIL import Image
+
+from fastload.load.transforms import (IMAGENET_MEAN, IMAGENET_STD, EvalTransform, TrainTransform, collate_uint8,
+                                      normalize, rrc_params)
+from helpers import jpeg_bytes, photo, png_bytes
+
+
+@pytest.mark.parametrize("hw", [(375, 500), (500, 333), (224, 224), (64, 900), (1200, 80)])
+def test_crop_boxes_are_torchvisions_under_the_same_seed(hw):
+    dummy = torch.empty(3, *hw)
+    for seed in range(200):
+        torch.manual_seed(seed)
+        ours = rrc_params(*hw)
+        torch.manual_seed(seed)
+        theirs = T.RandomResizedCrop.get_params(dummy, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
+        assert ours == tuple(theirs)
+
+
+def test_crop_statistics_follow_scale_and_ratio():
+    torch.manual_seed(0)
+    boxes = np.array([rrc_params(1000, 1000, (0.2, 0.6), (0.5, 2.0)) for _ in range(3000)])
+    area = boxes[:, 2] * boxes[:, 3] / 1e6
+    ratio = boxes[:, 3] / boxes[:, 2]
+    assert 0.19 < area.min() and area.max() < 0.61 and abs(area.mean() - 0.4) < 0.01
+    assert 0.49 < ratio.min() and ratio.max() < 2.01
+    assert abs(np.log(ratio).mean()) < 0.03  # log-uniform aspect ratio, as torchvision draws it
+
+
+def test_train_from_bytes_equals_torchvision_v2_on_the_decoded_image():
+    data = jpeg_bytes(photo(300, 260, seed=1))
+    tv = T2.Compose([T2.RandomResizedCrop(112, antialias=True), T2.RandomHorizontalFlip()])
+    decoded = torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
+    ours = TrainTransform(112)
+    exact = 0
+    for seed in range(30):
+        torch.manual_seed(seed)
+        _, _, h, w = rrc_params(260, 300)
+        torch.manual_seed(seed)
+        a = ours.from_bytes(data)
+        torch.manual_seed(seed)
+        b = tv(decoded)
+        assert a.dtype == torch.uint8 and a.shape == (3, 112, 112) and a.is_contiguous()
+        scaled = 130 >= 260 * 112 / h and 150 >= 300 * 112 / w  # crop >= 2x output: 1/2-scale decode
+        if scaled:
+            assert (a.int() - b.int()).abs().float().mean() < 4
+        else:
+            assert torch.equal(a, b)
+            exact += 1
+    assert exact >= 20
+
+
+def test_train_on_large_jpeg_uses_scaled_decode_and_keeps_the_geometry():
+    img = photo(1600, 1200, seed=2)
+    data = jpeg_bytes(img)
+    t = TrainTransform(64, scale=(0.5, 0.5), ratio=(1.0, 1.0), flip_p=0.0)
+    torch.manual_seed(0)
+    i, j, h, w = rrc_params(1200, 1600, (0.5, 0.5), (1.0, 1.0))
+    torch.manual_seed(0)
+    out = t.from_bytes(data).int()
+    full = torch.from_numpy(np.array(img)).permute(2, 0, 1)
+    ref = T2.functional.resize(full[:, i:i + h, j:j + w], [64, 64], antialias=True).int()
+    assert (out - ref).abs().float().mean() < 4  # same region; DCT-domain downscale differs slightly
+
+
+def test_eval_matches_torchvision_resize_centercrop():
+    ref = T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
+    for seed, (w, h) in enumerate([(500, 375), (333, 500), (256, 256), (300, 900)]):
+        data = jpeg_bytes(photo(w, h, seed=seed))
+        ours = EvalTransform(224, 256).from_bytes(data).int()
+        theirs = ref(Image.open(io.BytesIO(data)).convert("RGB")).int()
+        assert ours.shape == theirs.shape == (3, 224, 224)
+        assert (ours - theirs).abs().max() <= 1  # documented: at most 1 at full-size decode
+
+
+def test_eval_on_png_and_pil_input():
+    img = photo(320, 240, seed=4)
+    ours = EvalTransform(96, 128)
+    a = ours.from_bytes(png_bytes(img))
+    b = ours(img)
+    assert torch.equal(a, b) and a.shape == (3, 96, 96)
+
+
+def test_presets_validate_arguments():
+    with pytest.raises(ValueError, match="size"):
+        EvalTransform(224, 200)
+    with pytest.raises(ValueError, match="scale"):
+        TrainTransform(224, scale=(0.5, 0.1))
+
+
+def test_collate_uint8_and_its_hint():
+    batch = [(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(5)]
+    images, labels = collate_uint8(batch)
+    assert images.dtype == torch.uint8 and images.shape == (5, 3, 4, 4)
+    assert labels.dtype == torch.int64 and labels.tolist() == [0, 1, 2, 3, 4]
+    with pytest.raises(TypeError, match="ToTensor"):
+        collate_uint8([(torch.zeros(3, 4, 4), 0)])
+
+
+def test_normalize_equals_totensor_normalize():
+    img = photo(40, 30, seed=6)
+    ref = T.Compose([T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])(img)
+    u8 = torch.from_numpy(np.array(img)).permute(2, 0, 1)[None]
+    out = normalize(u8)
+    torch.testing.assert_close(out[0], ref, atol=1e-5, rtol=1e-5)
+    cl = normalize(u8, dtype=torch.bfloat16, channels_last=True)
+    assert cl.dtype == torch.bfloat16 and cl.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(cl.float(), out, atol=0.02, rtol=0.01)
