@@ -34,6 +34,10 @@ _EXPORTS: dict[str, str] = {
     "ConvertReport": "fastload.pack.convert",
     # load
     "LMDBImageDataset": "fastload.load.dataset",
+    "DataLoader": "fastload.load.loader",
+    "DevicePrefetcher": "fastload.load.prefetch",
+    "auto_num_workers": "fastload.load.workers",
+    "worker_plan": "fastload.load.workers",
     "inspect_store": "fastload.load.store",
     "verify_store": "fastload.load.store",
     "train_transform": "fastload.load.transforms",

@@ -1,0 +1,83 @@
+"""``fastload.DataLoader``: torch's DataLoader with the defaults a GPU job wants.
+
+Owns: the drop-in subclass. Every argument, default and behaviour of
+``torch.utils.data.DataLoader`` holds (PyTorch's own DataLoader tests pass against it,
+``tools/run_torch_dataloader_tests.py``), except where the user asked for more:
+
+* ``num_workers="auto"`` (and only then) picks ``auto_num_workers()``; integers are used
+  as given.
+* ``pin_memory`` defaults to ``torch.cuda.is_available()`` instead of False.
+* Under an initialised ``torch.distributed`` process group, a map-style dataset with
+  neither ``sampler`` nor ``batch_sampler`` gets a ``DistributedSampler`` (``shuffle``
+  and ``drop_last`` map onto it; seed from ``generator`` if given, else 0), and
+  ``set_epoch`` is called at the start of every epoch so each epoch reshuffles.
+* ``main_threads="auto"``: when workers start, the main process's intra-op threads are
+  capped at ``max(1, cpus_per_process - num_workers)`` so main + workers do not
+  oversubscribe the CPUs (``workers.py``). ``None`` leaves them alone; an int sets them.
+
+Must not: change what a batch contains (that is the dataset's and collate's business).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.utils.data
+from torch.utils.data import DistributedSampler, IterableDataset
+
+from fastload.load.workers import auto_num_workers, main_thread_budget
+
+__all__ = ["DataLoader"]
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A drop-in ``torch.utils.data.DataLoader``; see the module docstring for what differs.
+
+    Extra keyword-only argument:
+        main_threads: ``"auto"`` (default), ``None`` or an int; see the module docstring.
+    """
+
+    def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
+                 num_workers=0, collate_fn=None, pin_memory=None, drop_last=False, timeout=0,
+                 worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+                 prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
+                 main_threads="auto"):
+        if isinstance(num_workers, str):
+            if num_workers != "auto":
+                raise ValueError(f"Unknown value {num_workers!r} for argument num_workers. "
+                                 "Valid values are 'auto' or an integer >= 0.")
+            num_workers = auto_num_workers()
+        if not (main_threads is None or main_threads == "auto" or (isinstance(main_threads, int)
+                                                                   and main_threads >= 1)):
+            raise ValueError(f"Unknown value {main_threads!r} for argument main_threads. "
+                             "Valid values are 'auto', None or an integer >= 1.")
+        if pin_memory is None:
+            pin_memory = torch.cuda.is_available()
+        auto_sampler = False
+        if (sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset)
+                and dist.is_available() and dist.is_initialized()):
+            seed = generator.initial_seed() if generator is not None else 0
+            sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
+            shuffle, auto_sampler = None, True
+        super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+                         pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                         pin_memory_device=pin_memory_device, in_order=in_order)
+        self.main_threads = main_threads
+        self._auto_sampler = auto_sampler
+        self._epoch = 0
+
+    @property
+    def epoch(self) -> int:
+        """Epochs started so far (what the automatic ``set_epoch`` received last, plus one)."""
+        return self._epoch
+
+    def __iter__(self):
+        if self._auto_sampler:
+            self.sampler.set_epoch(self._epoch)
+        self._epoch += 1
+        if self.num_workers > 0 and self.main_threads is not None:
+            target = main_thread_budget(self.num_workers) if self.main_threads == "auto" else self.main_threads
+            if self.main_threads != "auto" or torch.get_num_threads() > target:
+                torch.set_num_threads(target)
+        return super().__iter__()

@@ -1,0 +1,99 @@
+"""``DevicePrefetcher``: batches onto the device ahead of use, normalised there.
+
+Owns: overlapping the host→device copy of batch i+1 with the compute of batch i, and
+turning ``uint8`` images into normalised floats on the device.
+
+On CUDA the next batch is copied on a side stream with ``non_blocking=True`` (from pinned
+memory, so the copy is truly asynchronous), converted and normalised on that stream; the
+compute stream waits for it only when the batch is handed out, and ``record_stream``
+tells the caching allocator that the compute stream uses the memory, so it is not reused
+while the step still reads it. On CPU it is a pass-through that still normalises, so the
+batch contract is the same everywhere: ``(images float NCHW normalised, labels int64)``
+on the requested device.
+
+``uint8`` images are normalised with ``mean``/``std``. Float images are taken as already
+normalised (a torchvision ``ToTensor() + Normalize()`` pipeline) and only moved and cast.
+
+Must not: iterate the loader more than one batch ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import torch
+
+from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize
+
+__all__ = ["DevicePrefetcher"]
+
+
+class DevicePrefetcher:
+    """Wrap any loader of ``(images, labels)`` batches.
+
+    Args:
+        loader: an iterable of ``(images, labels, ...)``; extra tensors are moved too.
+        device: target device (default: ``cuda`` when available, else ``cpu``).
+        mean, std: per-channel normalisation, on the 0..1 scale.
+        dtype: floating dtype of the images handed out (``torch.bfloat16`` for AMP).
+        channels_last: hand out images in ``torch.channels_last`` memory format.
+    """
+
+    def __init__(self, loader: Iterable, device: str | torch.device | None = None, *,
+                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
+                 dtype: torch.dtype = torch.float32, channels_last: bool = False) -> None:
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating type, got {dtype}")
+        if len(mean) != len(std):
+            raise ValueError(f"mean and std need the same length, got {len(mean)} and {len(std)}")
+        self.loader = loader
+        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.dtype, self.channels_last = dtype, channels_last
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def _prepare(self, batch, non_blocking: bool):
+        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+            raise TypeError(f"expected (images, labels, ...) batches, got {type(batch).__name__}")
+        images, labels, *rest = batch
+        images = images.to(self.device, non_blocking=non_blocking)
+        if images.dtype == torch.uint8:
+            images = normalize(images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last)
+        else:
+            if self.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            images = images.to(self.dtype)
+        labels = torch.as_tensor(labels).to(self.device, dtype=torch.int64, non_blocking=non_blocking)
+        rest = [r.to(self.device, non_blocking=non_blocking) if isinstance(r, torch.Tensor) else r for r in rest]
+        return (images, labels, *rest)
+
+    def __iter__(self) -> Iterator:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield self._prepare(batch, non_blocking=False)
+            return
+        yield from self._iter_cuda()
+
+    def _iter_cuda(self) -> Iterator:
+        stream = torch.cuda.Stream(self.device)
+        it = iter(self.loader)
+
+        def load_next():
+            try:
+                batch = next(it)
+            except StopIteration:
+                return None
+            with torch.cuda.stream(stream):
+                return self._prepare(batch, non_blocking=True)
+
+        ready = load_next()
+        while ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(stream)
+            for t in ready:
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    t.record_stream(current)
+            batch, ready = ready, load_next()  # start the next copy before handing this one out
+            yield batch

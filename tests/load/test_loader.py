@@ -1,0 +1,161 @@
+"""fastload.DataLoader, auto_num_workers and DevicePrefetcher."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.utils.data
+
+from fastload.load.dataset import LMDBImageDataset
+from fastload.load.loader import DataLoader
+from fastload.load.prefetch import DevicePrefetcher
+from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, collate_uint8, train_transform
+from fastload.load.workers import worker_plan
+from fastload.system import CpuBudget
+
+gpu = pytest.mark.gpu
+DEVICES = ["cpu", pytest.param("cuda", marks=gpu)]
+
+
+def budget(n: int) -> CpuBudget:
+    return CpuBudget(os_cpus=64, affinity_cpus=n, cgroup_quota=None, cgroup_source=None, available=n)
+
+
+@pytest.mark.parametrize("cpus, env, gpus, workers", [
+    (1, {}, 0, 0),                              # one CPU: load in the main process
+    (2, {}, 0, 2),                              # two or three: one worker per CPU
+    (3, {}, 0, 3),
+    (8, {}, 0, 7),                              # four or more: leave one for training
+    (32, {}, 4, 7),                             # 4 GPUs, no torchrun: 8 CPUs each
+    (32, {"LOCAL_WORLD_SIZE": "8"}, 4, 3),      # torchrun says 8 local ranks: 4 CPUs each
+    (4, {"LOCAL_WORLD_SIZE": "8"}, 8, 0),       # fewer CPUs than ranks: never negative
+])
+def test_worker_rule(cpus, env, gpus, workers):
+    plan = worker_plan(env=env, budget=budget(cpus), visible_gpus=gpus)
+    assert plan.workers == workers
+    assert plan.main_threads == max(1, plan.cpus_per_process - workers)
+    assert "CPUs per process" in plan.explain()
+
+
+def test_signature_is_torchs_plus_main_threads():
+    ours = inspect.signature(DataLoader.__init__).parameters
+    theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+    assert list(ours)[:len(theirs)] == list(theirs) and list(ours)[len(theirs):] == ["main_threads"]
+    for name, p in theirs.items():
+        if name != "pin_memory":
+            assert ours[name].default == p.default, name
+            assert ours[name].kind == p.kind, name
+    assert issubclass(DataLoader, torch.utils.data.DataLoader)
+
+
+def test_num_workers_auto_and_explicit(tiny_store, monkeypatch):
+    import fastload.load.loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "auto_num_workers", lambda: 2)
+    ds = LMDBImageDataset(tiny_store)
+    assert DataLoader(ds, num_workers="auto").num_workers == 2
+    assert DataLoader(ds, num_workers=1).num_workers == 1
+    assert DataLoader(ds).num_workers == 0
+    with pytest.raises(ValueError, match="Valid values are 'auto'"):
+        DataLoader(ds, num_workers="many")
+
+
+def test_pin_memory_defaults_to_cuda_availability(tiny_store):
+    ds = LMDBImageDataset(tiny_store)
+    assert DataLoader(ds).pin_memory == torch.cuda.is_available()
+    assert DataLoader(ds, pin_memory=False).pin_memory is False
+
+
+def test_behaves_like_torch_for_plain_datasets():
+    data = torch.arange(10)
+    ours = list(DataLoader(data, batch_size=4, drop_last=True))
+    theirs = list(torch.utils.data.DataLoader(data, batch_size=4, drop_last=True))
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and len(ours) == 2
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert [b.tolist() for b in DataLoader(data, batch_size=3, shuffle=True, generator=g1)] == \
+        [b.tolist() for b in torch.utils.data.DataLoader(data, batch_size=3, shuffle=True, generator=g2)]
+    assert len(DataLoader(data, batch_size=3)) == 4
+
+
+class Boom(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise KeyError("sample 2 is broken")
+        return i
+
+
+def test_worker_errors_surface_in_the_main_process():
+    with pytest.raises(KeyError, match="sample 2 is broken"):
+        list(DataLoader(Boom(), batch_size=1, num_workers=2))
+
+
+def test_main_thread_budget_applied_when_workers_start():
+    code = textwrap.dedent("""
+        import torch
+        from fastload import DataLoader
+        torch.set_num_threads(8)
+        import fastload.load.loader as m
+        m.main_thread_budget = lambda n: 2 - n if n < 2 else 1
+        list(DataLoader(torch.arange(8), batch_size=4, num_workers=1))
+        print(torch.get_num_threads())
+        torch.set_num_threads(8)
+        list(DataLoader(torch.arange(8), batch_size=4, num_workers=1, main_threads=None))
+        print(torch.get_num_threads())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["1", "8"]
+
+
+def test_fast_path_batches_are_uint8_and_prefetcher_normalises(tiny_store):
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(64))
+    loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate_uint8, shuffle=True)
+    raw_images, raw_labels = next(iter(loader))
+    assert raw_images.dtype == torch.uint8 and raw_images.shape == (8, 3, 64, 64)
+    seen = 0
+    for images, labels in DevicePrefetcher(loader, "cpu"):
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, 64, 64)
+        assert labels.dtype == torch.int64 and labels.dim() == 1
+        assert -2.2 < images.min() and images.max() < 2.7  # ImageNet-normalised range
+        seen += len(labels)
+    assert seen == len(ds)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetcher_contract_and_values(device):
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    labels = [1, 2, 3, 4]
+    loader = [(images, torch.tensor(labels))] * 3
+    out = list(DevicePrefetcher(loader, device, dtype=torch.bfloat16, channels_last=True))
+    assert len(out) == 3
+    x, y = out[0]
+    assert x.device.type == device and y.device.type == device
+    assert x.dtype == torch.bfloat16 and x.is_contiguous(memory_format=torch.channels_last)
+    assert y.dtype == torch.int64 and y.tolist() == labels
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    torch.testing.assert_close(x.float().cpu(), (images / 255 - mean) / std, atol=0.03, rtol=0.01)
+
+
+def test_prefetcher_passes_float_batches_through():
+    x = torch.randn(2, 3, 4, 4)
+    (out, _), = list(DevicePrefetcher([(x, torch.tensor([0, 1]))], "cpu"))
+    assert torch.equal(out, x)
+
+
+@gpu
+def test_prefetcher_overlaps_copy_on_a_side_stream(tiny_store):
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(64))
+    loader = DataLoader(ds, batch_size=8, num_workers=2, collate_fn=collate_uint8)
+    assert loader.pin_memory
+    batches = list(DevicePrefetcher(loader, "cuda"))
+    torch.cuda.synchronize()
+    assert sum(len(y) for _, y in batches) == len(ds)
+    assert all(x.is_cuda and x.dtype == torch.float32 for x, _ in batches)
