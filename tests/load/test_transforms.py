@@ -116,3 +116,27 @@ def test_normalize_equals_totensor_normalize():
     cl = normalize(u8, dtype=torch.bfloat16, channels_last=True)
     assert cl.dtype == torch.bfloat16 and cl.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(cl.float(), out, atol=0.02, rtol=0.01)
+
+
+@pytest.mark.parametrize("backend", ["auto", "full-decode"])
+def test_region_decode_equals_crop_of_full_decode(backend, monkeypatch):
+    import fastload.load.decode as dec
+
+    if backend == "full-decode":
+        monkeypatch.setattr(dec, "_region_decoder", lambda: None)
+    data = jpeg_bytes(photo(333, 250, seed=8))
+    full = dec.decode_rgb_fast(data)
+    for top, left, h, w in [(0, 0, 250, 333), (17, 31, 101, 77), (249, 332, 1, 1), (8, 16, 64, 64)]:
+        got = dec.decode_rgb_region(data, top, left, h, w)
+        np.testing.assert_array_equal(got, full[top:top + h, left:left + w])
+    png = png_bytes(photo(40, 30, seed=9))
+    np.testing.assert_array_equal(dec.decode_rgb_region(png, 3, 4, 10, 12), dec.decode_rgb_fast(png)[3:13, 4:16])
+
+
+def test_region_decode_of_corrupt_jpeg_raises_badimage():
+    from fastload.load.decode import decode_rgb_region
+    from fastload.pack.normalize import BadImage
+
+    data = jpeg_bytes(photo(64, 64))
+    with pytest.raises(BadImage):
+        decode_rgb_region(data[: len(data) // 2], 0, 0, 32, 32)
