@@ -168,6 +168,21 @@ def dataset(directory: Path | None, num_classes, per_class, seed, quiet) -> None
     click.echo(make_dataset(directory, spec, progress=not quiet))
 
 
+@main.command()
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Batch size for the pinned-memory estimate.")
+@click.option("--image-size", type=click.IntRange(min=8), default=224, show_default=True)
+@click.option("--prefetch-factor", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_friendly
+def doctor(batch_size: int, image_size: int, prefetch_factor: int, as_json: bool) -> None:
+    """What this machine offers a data pipeline: CPUs, GPUs, recommended workers, pinned memory, versions."""
+    from fastload.measure.doctor import doctor_report, format_doctor
+
+    report = doctor_report(batch_size=batch_size, image_size=image_size, prefetch_factor=prefetch_factor)
+    click.echo(json.dumps(report, indent=1) if as_json else format_doctor(report))
+
+
 @main.group()
 def bench() -> None:
     """Side-by-side benchmarks, reported as ratios against a baseline in the same run."""
@@ -195,6 +210,40 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
     from fastload.measure.bench_convert import bench_convert
 
     result = bench_convert(_data_or_default(data), workers=workers)
+    click.echo(result.table())
+    if json_out:
+        json_out.write_text(json.dumps(result.to_json(), indent=1))
+
+
+@bench.command("loader")
+@click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
+@click.option("--store", type=click.Path(exists=True, path_type=Path), default=None,
+              help="A store of DATA made by `fastload convert` [default: pack a temporary one].")
+@click.option("--workers", type=click.IntRange(min=0), default=2, show_default=True,
+              help="DataLoader workers (DALI threads) for every path.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--image-size", type=click.IntRange(min=8), default=224, show_default=True)
+@click.option("--batches", type=click.IntRange(min=1), default=30, show_default=True,
+              help="Timed batches per path per round.")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved rounds; the median is reported.")
+@click.option("--max-side", type=click.IntRange(min=8), default=None,
+              help="Also time a store packed with --max-side N.")
+@click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
+              "fastload-reduced, webdataset, dali-cpu, ffcv.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
+@_friendly
+def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, paths, json_out) -> None:
+    """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, FFCV) on the same DATA.
+
+    DATA is an ImageFolder tree [default: the embedded default dataset]. Same batch size,
+    same workers, interleaved rounds in one process tree; ratios against torchvision.
+    """
+    from fastload.measure.bench_loader import LoaderBenchOptions, bench_loader
+
+    opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
+                              rounds=rounds, max_side=max_side, paths=tuple(paths) or None)
+    result = bench_loader(_data_or_default(data), store=store, options=opts)
     click.echo(result.table())
     if json_out:
         json_out.write_text(json.dumps(result.to_json(), indent=1))

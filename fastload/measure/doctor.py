@@ -1,0 +1,104 @@
+"""``fastload doctor``: what this machine offers a data pipeline, and what fastload will pick.
+
+Owns: gathering CPUs (affinity, cgroup quota), GPUs, local world size, the worker plan,
+the pinned-memory budget, versions (torch, CUDA, DALI, decoders) into one report, and
+printing it. Reads only; changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from dataclasses import asdict
+from typing import Any
+
+__all__ = ["doctor_report", "format_doctor", "PINNED_FRACTION"]
+
+#: Pinned (page-locked) memory cannot be swapped or reclaimed; past about a quarter of RAM
+#: the rest of the system (page cache for the dataset included) starts to suffer.
+PINNED_FRACTION = 0.25
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_factor: int = 2) -> dict[str, Any]:
+    """Everything ``fastload doctor`` prints, as a dict (``--json`` writes it as is)."""
+    import torch
+
+    from fastload.load.decode import jpeg_backend
+    from fastload.load.workers import worker_plan
+
+    plan = worker_plan()
+    gpus = []
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            gpus.append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 1e9, 1),
+                         "capability": f"{p.major}.{p.minor}"})
+    ram = _ram_bytes()
+    batch_bytes = batch_size * 3 * image_size * image_size  # a uint8 batch
+    in_flight = max(1, plan.workers) * prefetch_factor + 2  # worker queues + pin thread + prefetcher
+    pinned = batch_bytes * in_flight
+    budget = int(ram * PINNED_FRACTION)
+    has_dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+    return {
+        "cpus": asdict(plan.cpus),
+        "local_processes": plan.local_processes,
+        "local_processes_source": plan.local_source,
+        "local_world_size_env": os.environ.get("LOCAL_WORLD_SIZE"),
+        "gpus": gpus,
+        "workers": {"recommended": plan.workers, "cpus_per_process": plan.cpus_per_process,
+                    "main_threads": plan.main_threads, "rule": plan.rule, "explain": plan.explain()},
+        "pinned_memory": {"ram_bytes": ram, "budget_bytes": budget, "batch_bytes": batch_bytes,
+                          "batches_in_flight": in_flight, "needed_bytes": pinned, "ok": pinned <= budget,
+                          "batch_size": batch_size, "image_size": image_size, "prefetch_factor": prefetch_factor},
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()
+                     if torch.cuda.is_available() else None, "torchvision": _version("torchvision"),
+                     "nvidia-dali": _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120"),
+                     "nvimgcodec": _version("nvidia-nvimgcodec-cu13") or _version("nvidia-nvimgcodec-cu12"),
+                     "simplejpeg": _version("simplejpeg"), "pillow": _version("pillow"), "lmdb": _version("lmdb")},
+        "dali_available": has_dali,
+        "jpeg_region_decoder": jpeg_backend(),
+    }
+
+
+def format_doctor(r: dict[str, Any]) -> str:
+    gb = 1e9
+    pm = r["pinned_memory"]
+    lines = ["CPU",
+             *("  " + line for line in r["workers"]["explain"].splitlines()),
+             "GPU"]
+    if r["gpus"]:
+        lines += [f"  cuda:{g['index']} {g['name']} ({g['memory_gb']} GB, sm {g['capability']})" for g in r["gpus"]]
+    else:
+        lines.append("  none visible: loaders run on the CPU, DALI in CPU mode, recipes simulate the GPU step")
+    lines += [
+        f"  LOCAL_WORLD_SIZE: {r['local_world_size_env'] or 'unset'}",
+        "Recommended",
+        f"  DataLoader(num_workers={r['workers']['recommended']}) per process  (num_workers='auto' picks this)",
+        f"  pinned memory: {'on' if r['gpus'] else 'off (no GPU)'}",
+        "Pinned-memory budget",
+        f"  RAM {pm['ram_bytes'] / gb:.1f} GB; budget {PINNED_FRACTION:.0%} = {pm['budget_bytes'] / gb:.1f} GB",
+        f"  batch {pm['batch_size']} x {pm['image_size']}px uint8 = {pm['batch_bytes'] / 1e6:.1f} MB x "
+        f"{pm['batches_in_flight']} in flight (workers x prefetch_factor {pm['prefetch_factor']} + 2) = "
+        f"{pm['needed_bytes'] / 1e6:.0f} MB: " + ("OK" if pm["ok"] else
+                                                   "OVER BUDGET: lower prefetch_factor, workers or batch size"),
+        "Software",
+    ]
+    v = r["versions"]
+    lines += [f"  torch {v['torch']} (CUDA {v['cuda'] or 'none'}), torchvision {v['torchvision']}",
+              f"  DALI: {v['nvidia-dali'] or 'not installed (pip install fastload[dali])'}",
+              f"  JPEG: simplejpeg {v['simplejpeg']}, region decode: {r['jpeg_region_decoder']}"
+              + ("" if v["nvimgcodec"] else " (pip install 'fastload[fast]' for crop-only decoding)"),
+              f"  pillow {v['pillow']}, lmdb {v['lmdb']}"]
+    return "\n".join(lines)
