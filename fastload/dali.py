@@ -1,0 +1,9 @@
+"""``fastload.dali``: DALI pipelines with fastload's batch contract (see ``fastload.load.dali``).
+
+Importing this module does not import DALI; constructing a ``DALILoader`` without the
+``dali`` extra raises ``MissingDependencyError`` with the pip command.
+"""
+
+from fastload.load.dali import DALILoader, dali_available
+
+__all__ = ["DALILoader", "dali_available"]

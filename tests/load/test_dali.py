@@ -1,0 +1,134 @@
+"""fastload.dali.DALILoader: CPU mode here and in CI; GPU mode under the gpu marker."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import pytest
+import torch
+from torchvision.datasets import ImageFolder
+
+from fastload.errors import CorruptSampleError, MissingDependencyError
+from fastload.load.dataset import LMDBImageDataset
+from fastload.load.transforms import EvalTransform, normalize
+from fastload.pack import format as fmt
+
+dali = pytest.mark.dali
+gpu = pytest.mark.gpu
+
+
+def loader(source, batch_size=5, **kw):
+    from fastload.dali import DALILoader
+
+    kw.setdefault("device", "cpu")
+    kw.setdefault("num_threads", 1)
+    kw.setdefault("size", 32)
+    return DALILoader(source, batch_size, **kw)
+
+
+@dali
+def test_store_epoch_covers_every_sample_once_with_its_label(tiny_store):
+    ds = LMDBImageDataset(tiny_store)
+    ld = loader(tiny_store, return_index=True, seed=1)
+    assert len(ld) == 5  # 24 samples, batches of 5: the last one partial
+    orders = []
+    for _ in range(3):
+        seen = []
+        for images, labels, index in ld:
+            assert images.shape[1:] == (3, 32, 32) and images.shape[0] == len(labels) <= 5
+            assert labels.tolist() == [ds.targets[i] for i in index.tolist()]
+            seen += index.tolist()
+        assert sorted(seen) == list(range(len(ds)))
+        orders.append(seen)
+    assert orders[0] != orders[1] != orders[2]  # a new global order every epoch
+    again = [i for _, _, idx in loader(tiny_store, return_index=True, seed=1) for i in idx.tolist()]
+    assert again == orders[0]  # same seed, same order
+
+
+@dali
+def test_drop_last(tiny_store):
+    ld = loader(tiny_store, drop_last=True)
+    assert len(ld) == 4
+    assert [len(y) for _, y in ld] == [5, 5, 5, 5]
+
+
+@dali
+def test_folder_source_uses_torchvisions_classes(tiny_tree):
+    tv = ImageFolder(str(tiny_tree))
+    ld = loader(tiny_tree, batch_size=6, shuffle=False, train=False)
+    labels = [int(v) for _, y in ld for v in y]
+    assert sorted(labels) == sorted(tv.targets)
+    assert labels == tv.targets  # unshuffled: torchvision's order
+
+
+@dali
+def test_eval_close_to_fastload_cpu_eval_preset(tiny_store):
+    """Documented tolerance: mean |difference| under 0.06 in normalised units (~3.5/255)."""
+    ds = LMDBImageDataset(tiny_store)
+    ld = loader(tiny_store, batch_size=4, train=False, size=48, resize=56, return_index=True)
+    images, _, index = next(iter(ld))
+    ours = normalize(torch.stack([EvalTransform(48, 56).from_bytes(ds.get_bytes(i)) for i in index.tolist()]))
+    diff = (images - ours).abs()
+    assert diff.mean() < 0.06, diff.mean()
+
+
+@dali
+def test_corrupt_sample_names_index_and_path(tiny_store, tmp_path):
+    store = tmp_path / "s"
+    shutil.copytree(tiny_store, store)
+    env = lmdb.open(str(store), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(fmt.sample_key(7), b"\xff\xd8\xff\xe0 this is not a jpeg")
+    env.close()
+    rel = LMDBImageDataset(store).samples[7][0]
+    with pytest.raises(CorruptSampleError, match=rf"sample 7 \({rel}\)"):
+        for _ in loader(store, shuffle=False):
+            pass
+
+
+def test_missing_dali_is_a_clear_error(monkeypatch, tiny_store):
+    real_import = builtins.__import__
+
+    def no_dali(name, *args, **kwargs):
+        if name.startswith("nvidia.dali"):
+            raise ImportError("No module named 'nvidia.dali'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_dali)
+    from fastload.dali import DALILoader
+
+    with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[dali\]'"):
+        DALILoader(tiny_store, 4)
+
+
+@dali
+@pytest.mark.slow
+def test_two_ranks_shard_the_store(tiny_store, tmp_path):
+    script = Path(__file__).with_name("ddp_dali_check.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tiny_store), str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["len"] == r1["len"] == 3  # 12 samples each, batches of 4
+    for e in range(2):
+        a, b = r0["epochs"][e], r1["epochs"][e]
+        assert len(a) == len(b) == 12 and not set(a) & set(b) and sorted(a + b) == list(range(24))
+    assert r0["epochs"][0] != r0["epochs"][1]
+
+
+@dali
+@gpu
+def test_gpu_mode_batches_on_the_gpu(tiny_store):
+    ld = loader(tiny_store, device="gpu", return_index=True)
+    seen = []
+    for images, labels, index in ld:
+        assert images.is_cuda and labels.is_cuda and images.dtype == torch.float32
+        seen += index.tolist()
+    assert sorted(seen) == list(range(24))
