@@ -249,5 +249,98 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
         json_out.write_text(json.dumps(result.to_json(), indent=1))
 
 
+@main.group()
+def recipe() -> None:
+    """Run a recipe (recipes/*.toml): every loader stage on the same data, measured."""
+
+
+def _init_distributed() -> tuple[int, int]:
+    """Join the process group torchrun describes (gloo on CPU, nccl on GPU); (rank, world size)."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), world
+
+
+@recipe.command("run")
+@click.argument("recipe_file", metavar="RECIPE", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Output folder [default: runs/<recipe name>].")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Override run.steps.")
+@click.option("--warmup", type=click.IntRange(min=0), default=None, help="Override run.warmup.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="Override run.batch_size.")
+@click.option("--image-size", type=click.IntRange(min=8), default=None, help="Override run.image_size.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, help="Override run.device.")
+@click.option("--model", default=None, help="Override run.model ('simulated' or a torchvision model name).")
+@click.option("--step-ms", type=click.FloatRange(min=0), default=None, help="Override run.step_ms.")
+@click.option("--folder", default=None, help="Override dataset.folder (an ImageFolder tree, or 'default').")
+@click.option("--store", default=None, help="Override dataset.store (converted from the folder if missing).")
+@click.option("--stage", "stages", multiple=True, help="Run only this stage (repeatable).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
+@_friendly
+def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, image_size, device, model, step_ms,
+               folder, store, stages, quiet) -> None:
+    """Run every stage of RECIPE, print the comparison table and write results to --out.
+
+    Writes results.json (figures, resolved recipe, environment), results.csv,
+    comparison.png and traces/<stage>.json (Chrome trace: open in ui.perfetto.dev).
+    """
+    from tqdm import tqdm
+
+    from fastload.measure.recipe import load_recipe, run_recipe, selected_stages, validate
+    from fastload.measure.report import format_table, write_outputs
+
+    rec = load_recipe(recipe_file).with_overrides(**{
+        "run.steps": steps, "run.warmup": warmup, "run.batch_size": batch_size, "run.image_size": image_size,
+        "run.device": device, "run.model": model, "run.step_ms": step_ms,
+        "dataset.folder": folder, "dataset.store": store})
+    validate(rec)
+    rank, world = _init_distributed()
+    lead = rank == 0
+    total = len(selected_stages(rec, stages)) * (rec.run.warmup + rec.run.steps)
+    bar = tqdm(total=total, unit="step", disable=quiet or not lead, dynamic_ncols=True)
+
+    def on_step(name: str) -> None:
+        bar.set_description(f"stage {name}")
+        bar.update()
+
+    outcomes, data = run_recipe(rec, progress=not quiet and lead, only=stages or None, on_step=on_step)
+    bar.close()
+    if not lead:
+        return
+    out = out or Path("runs") / rec.name
+    results, notes = write_outputs(out, rec, outcomes, data)
+    click.echo(f"\n{rec.name}: {rec.run.model}"
+               + (f" ({rec.run.step_ms:g} ms/batch simulated device step)" if rec.run.model == "simulated" else "")
+               + f", batch {rec.run.batch_size}, {rec.run.steps} steps after {rec.run.warmup} warm-up, "
+               + f"device {outcomes[0].result.device if outcomes and outcomes[0].result else rec.run.device}"
+               + (f", {world} ranks" if world > 1 else ""))
+    click.echo(format_table(results["stages"]))
+    click.echo(f"\nverdict: {results['verdict']}")
+    for note in notes:
+        click.echo(note)
+    click.echo(f"results: {out}/results.json, results.csv, comparison.png, traces/")
+
+
+@recipe.command("compare")
+@click.argument("a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@_friendly
+def recipe_compare(a: Path, b: Path) -> None:
+    """Print two results.json side by side, stage by stage, with B/A ratios."""
+    from fastload.measure.report import compare_results
+
+    click.echo(compare_results(json.loads(a.read_text()), json.loads(b.read_text())))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -1,0 +1,234 @@
+"""What a recipe run leaves behind: the comparison table, the verdict, and the files.
+
+Owns: the table (stage, images/s, data wait %, GPU idle %, speedup vs baseline), the
+one-line verdict, ``results.json`` (every figure, the resolved recipe, the environment),
+``results.csv``, ``comparison.png`` (matplotlib, from the ``plot`` extra), one
+Chrome-trace JSON per stage (opens in Perfetto or ``chrome://tracing``), and
+``recipe compare`` of two ``results.json``.
+
+Must not: run anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+__all__ = ["environment", "results_json", "format_table", "verdict", "write_outputs", "compare_results",
+           "chrome_trace"]
+
+#: Below this data-wait (or idle) fraction a stage counts as not waiting on data.
+DATA_BOUND_THRESHOLD = 0.10
+
+
+def environment() -> dict[str, Any]:
+    """CPUs, affinity, versions and GPU of this run."""
+    import importlib.metadata
+
+    import torch
+
+    from fastload.system import cpu_budget
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    b = cpu_budget()
+    env: dict[str, Any] = {
+        "python": platform.python_version(), "platform": platform.platform(), "processor": platform.machine(),
+        "cpus": {"machine": b.os_cpus, "affinity": b.affinity_cpus, "cgroup_quota": b.cgroup_quota,
+                 "usable": b.available},
+        "torch": torch.__version__, "torchvision": version("torchvision"), "cuda": torch.version.cuda,
+        "dali": version("nvidia-dali-cuda130"), "nvimgcodec": version("nvidia-nvimgcodec-cu13"),
+        "simplejpeg": version("simplejpeg"), "fastload": version("fastload"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"), "world_size": os.environ.get("WORLD_SIZE"),
+    }
+    return env
+
+
+def _stage_row(outcome) -> dict[str, Any]:
+    row: dict[str, Any] = {"name": outcome.stage.name, "type": outcome.stage.type, "status": outcome.status}
+    if outcome.skipped:
+        row["reason"] = outcome.skipped
+        return row
+    res = outcome.result
+    row.update(res.to_json(with_records=False))
+    row["workers"] = outcome.workers
+    if outcome.ranks and len(outcome.ranks) > 1:
+        slowest = min(outcome.ranks, key=lambda x: x["images_per_s"])
+        row["ranks"] = outcome.ranks
+        row["slowest_rank"] = slowest.get("rank")
+        row["images_per_s_total"] = sum(x["images_per_s"] for x in outcome.ranks)
+    return row
+
+
+def results_json(recipe, outcomes, data) -> dict[str, Any]:
+    rows = [_stage_row(o) for o in outcomes]
+    base = next((r for r in rows if r["type"] == "baseline" and r["status"] == "ran"), None)
+    for r in rows:
+        if r["status"] == "ran" and base:
+            r["speedup_vs_baseline"] = r["images_per_s"] / base["images_per_s"]
+    return {"stages": rows, "recipe": recipe.to_json(),
+            "data": {"folder": str(data.folder) if data.folder else None, "store": str(data.store),
+                     "classes": data.num_classes},
+            "environment": environment(), "verdict": verdict(rows)}
+
+
+def verdict(rows: list[dict]) -> str:
+    """Which stage removes most of the wait, and what bounds the best stage."""
+    ran = [r for r in rows if r["status"] == "ran"]
+    if not ran:
+        return "no stage ran."
+    best = max(ran, key=lambda r: r["images_per_s"])
+    base = next((r for r in ran if r["type"] == "baseline"), None)
+    idle_name = "GPU idle" if best["idle_source"] == "cuda-events" else "device idle"
+    parts = []
+    if base and best is not base:
+        parts.append(f"'{best['name']}' removes most of the wait: {best['images_per_s'] / base['images_per_s']:.1f}x "
+                     f"baseline, data wait {base['data_wait_fraction']:.0%} -> {best['data_wait_fraction']:.0%}")
+    else:
+        parts.append(f"'{best['name']}' is fastest")
+    waiting = max(best["data_wait_fraction"], best["gpu_idle_fraction"])
+    if waiting > DATA_BOUND_THRESHOLD:
+        parts.append(f"it is still data-bound ({idle_name} {best['gpu_idle_fraction']:.0%}): more CPUs, a "
+                     "reduced-resolution store (--max-side) or DALI on the GPU would help")
+    else:
+        parts.append(f"the remaining bottleneck is compute ({idle_name} {best['gpu_idle_fraction']:.0%}): "
+                     "faster loading will not speed this up")
+    return "; ".join(parts) + "."
+
+
+def format_table(rows: list[dict]) -> str:
+    head = f"{'stage':<16}{'workers':>8}{'images/s':>10}{'data wait':>11}{'GPU idle':>10}{'vs baseline':>13}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if r["status"] != "ran":
+            lines.append(f"{r['name']:<16}{'':>8}{'skipped':>10}  {r['reason']}")
+            continue
+        idle = f"{r['gpu_idle_fraction']:.0%}" + ("" if r["idle_source"] == "cuda-events" else "*")
+        speed = f"{r['speedup_vs_baseline']:.2f}x" if "speedup_vs_baseline" in r else "-"
+        lines.append(f"{r['name']:<16}{r.get('workers') or 0:>8}{r['images_per_s']:>10.0f}"
+                     f"{r['data_wait_fraction']:>11.0%}{idle:>10}{speed:>13}")
+        if r.get("ranks"):
+            lines.append(f"{'':<16}{len(r['ranks'])} ranks: slowest rank {r['slowest_rank']}, "
+                         f"{r['images_per_s_total']:.0f} images/s in total")
+    if any(r["status"] == "ran" and r["idle_source"] == "host-clock" for r in rows):
+        lines.append("* no CUDA: device idle from host clocks (time outside the model step)")
+    return "\n".join(lines)
+
+
+def chrome_trace(result, *, pid: int = 1) -> dict[str, Any]:
+    """Chrome trace events of one stage: data wait / copy / compute spans per step (+ GPU busy on CUDA)."""
+    events: list[dict[str, Any]] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"stage {result.name}"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "host step loop"}},
+    ]
+    if result.idle_source == "cuda-events":
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "GPU (CUDA events)"}})
+    gpu_t = None
+    for rec in result.records:
+        t = rec.t0 * 1e6
+        for name, dur in (("data wait", rec.data_wait), ("copy", rec.copy), ("compute", rec.compute)):
+            events.append({"name": name, "cat": name, "ph": "X", "pid": pid, "tid": 1, "ts": round(t, 3),
+                           "dur": round(dur * 1e6, 3), "args": {"step": rec.step}})
+            t += dur * 1e6
+        if rec.gpu_busy is not None:
+            # the GPU timeline is anchored at the first step's copy end, then advances by its own gaps
+            if gpu_t is None:
+                gpu_t = (rec.t0 + rec.data_wait + rec.copy) * 1e6
+            else:
+                gpu_t += (rec.gpu_idle or 0.0) * 1e6
+            events.append({"name": "GPU busy", "cat": "gpu", "ph": "X", "pid": pid, "tid": 2, "ts": round(gpu_t, 3),
+                           "dur": round(rec.gpu_busy * 1e6, 3), "args": {"step": rec.step,
+                                                                        "idle_before_ms": (rec.gpu_idle or 0) * 1e3}})
+            gpu_t += rec.gpu_busy * 1e6
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _plot(rows: list[dict], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "comparison.png skipped: matplotlib is not installed (pip install 'fastload[plot]')"
+    ran = [r for r in rows if r["status"] == "ran"]
+    if not ran:
+        return "comparison.png skipped: no stage ran"
+    names = [r["name"] for r in ran]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.bar(names, [r["images_per_s"] for r in ran], color="#4C72B0")
+    ax1.set_ylabel("images/s")
+    ax1.set_title("Throughput")
+    cuda = ran[0]["idle_source"] == "cuda-events"
+    ax2.bar(names, [100 * r["gpu_idle_fraction"] for r in ran], color="#DD8452",
+            label="GPU idle (CUDA events)" if cuda else "device idle (host clock)")
+    ax2.bar(names, [100 * r["data_wait_fraction"] for r in ran], color="none", edgecolor="black",
+            hatch="//", label="host data wait")
+    ax2.set_ylabel("% of step time")
+    ax2.set_ylim(0, 100)
+    ax2.set_title("Where the step waits")
+    ax2.legend(loc="upper right")
+    for ax in (ax1, ax2):
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], list[str]]:
+    """Write results.json, results.csv, comparison.png and traces/<stage>.json; return the results and notes."""
+    out.mkdir(parents=True, exist_ok=True)
+    results = results_json(recipe, outcomes, data)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    cols = ["name", "type", "status", "workers", "images_per_s", "steps_per_s", "data_wait_fraction",
+            "copy_fraction", "compute_fraction", "gpu_idle_fraction", "idle_source", "speedup_vs_baseline", "reason"]
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        for row in results["stages"]:
+            w.writerow(row)
+    notes = []
+    note = _plot(results["stages"], out / "comparison.png")
+    if note:
+        notes.append(note)
+    (out / "traces").mkdir(exist_ok=True)
+    for pid, o in enumerate(outcomes, 1):
+        if o.result is not None:
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in o.stage.name)
+            (out / "traces" / f"{safe}.json").write_text(json.dumps(chrome_trace(o.result, pid=pid)))
+    return results, notes
+
+
+def compare_results(a: dict, b: dict) -> str:
+    """Two ``results.json`` side by side, stage by stage, with B/A ratios."""
+    rows_a = {r["name"]: r for r in a["stages"]}
+    rows_b = {r["name"]: r for r in b["stages"]}
+    names = list(rows_a) + [n for n in rows_b if n not in rows_a]
+    head = (f"{'stage':<16}{'A images/s':>12}{'B images/s':>12}{'B/A':>8}{'A wait':>9}{'B wait':>9}"
+            f"{'A idle':>9}{'B idle':>9}")
+    lines = [f"A: {a['recipe']['name']} ({a['environment'].get('gpu') or 'no GPU'}, "
+             f"{a['environment']['cpus']['usable']} CPUs)",
+             f"B: {b['recipe']['name']} ({b['environment'].get('gpu') or 'no GPU'}, "
+             f"{b['environment']['cpus']['usable']} CPUs)", head, "-" * len(head)]
+
+    def cell(r, key, fmt):
+        return format(r[key], fmt) if r and r.get("status") == "ran" else "-"
+
+    for n in names:
+        ra, rb = rows_a.get(n), rows_b.get(n)
+        both = ra and rb and ra.get("status") == "ran" and rb.get("status") == "ran"
+        ratio = f"{rb['images_per_s'] / ra['images_per_s']:.2f}x" if both else "-"
+        lines.append(f"{n:<16}{cell(ra, 'images_per_s', '.0f'):>12}{cell(rb, 'images_per_s', '.0f'):>12}{ratio:>8}"
+                     f"{cell(ra, 'data_wait_fraction', '.0%'):>9}{cell(rb, 'data_wait_fraction', '.0%'):>9}"
+                     f"{cell(ra, 'gpu_idle_fraction', '.0%'):>9}{cell(rb, 'gpu_idle_fraction', '.0%'):>9}")
+    return "\n".join(lines)

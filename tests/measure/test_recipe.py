@@ -1,0 +1,139 @@
+"""Recipes: validation before anything runs, the runner end to end, outputs, compare, torchrun."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fastload.cli import main
+from fastload.errors import RecipeError
+from fastload.measure.recipe import load_recipe, run_recipe, validate
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+TINY_RUN = ["--steps", "3", "--warmup", "1", "--batch-size", "4", "--image-size", "32", "--quiet"]
+
+
+def write(tmp_path, text: str) -> Path:
+    p = tmp_path / "r.toml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_shipped_recipes_parse():
+    for name in ("quickstart", "resnet50-imagenet", "workers-sweep"):
+        r = load_recipe(RECIPES / f"{name}.toml")
+        assert r.name == name and r.stages
+    q = load_recipe(RECIPES / "quickstart.toml")
+    assert [s.type for s in q.stages] == ["baseline", "workers", "lmdb", "fast", "dali-cpu", "dali-gpu"]
+    sweep = load_recipe(RECIPES / "workers-sweep.toml")
+    assert [s.workers for s in sweep.stages] == [0, 1, 2, 4, "auto"]
+
+
+@pytest.mark.parametrize("body, message", [
+    ("[run]\nmodle = 'resnet50'\n[[stage]]\ntype='fast'", "Unknown field run.'modle'. Valid fields are: amp, "),
+    ("[run]\nstep_ms=1\n[[stage]]\ntype='turbo'", "Unknown value 'turbo' for field stage.type. Valid values are "
+                                                  "'baseline', 'workers', 'lmdb', 'fast', 'dali-cpu', 'dali-gpu'"),
+    ("[run]\nstep_ms=1\n[[stage]]\ntype='fast'\nworkers=-1", "workers must be an integer >= 0"),
+    ("[run]\nstep_ms=1\ndevice='tpu'\n[[stage]]\ntype='fast'", "Valid values are 'auto', 'cpu', 'cuda'"),
+    ("[run]\nmodel='simulated'\n[[stage]]\ntype='fast'", "run.step_ms"),
+    ("[run]\nstep_ms=1", "needs at least one [[stage]]"),
+    ("[run]\nstep_ms=1\n[[stage]]\ntype='fast'\n[[stage]]\ntype='fast'", "'fast' is used twice"),
+    ("[run\n", "not valid TOML"),
+])
+def test_structural_errors_name_the_field(tmp_path, body, message):
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write(tmp_path, body))
+    assert message in str(info.value)
+
+
+def test_missing_dataset_and_unknown_model_fail_before_any_stage(tmp_path, monkeypatch):
+    import fastload.measure.recipe as rec
+
+    monkeypatch.setattr(rec, "prepare_data", lambda *a, **k: pytest.fail("a stage started"))
+    r = load_recipe(write(tmp_path, "[dataset]\nfolder='/nope/imagenet'\n[run]\nstep_ms=1\n[[stage]]\ntype='fast'"))
+    with pytest.raises(RecipeError, match="Field dataset.folder: /nope/imagenet is not a folder"):
+        run_recipe(r)
+    r = load_recipe(write(tmp_path, "[run]\nmodel='resnet5000'\n[[stage]]\ntype='fast'"))
+    with pytest.raises(RecipeError, match="Unknown value 'resnet5000' for field model. Valid values are"):
+        validate(r)
+    r = load_recipe(RECIPES / "resnet50-imagenet.toml")
+    with pytest.raises(RecipeError, match="dataset.folder"):
+        validate(r)
+
+
+def test_quickstart_runs_every_stage_and_writes_outputs(tiny_tree, tmp_path):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["recipe", "run", str(RECIPES / "quickstart.toml"), "--folder", str(tiny_tree),
+                                  "--store", str(tmp_path / "tiny.lmdb"), "--step-ms", "5", "--out", str(out),
+                                  *TINY_RUN])
+    assert r.exit_code == 0, r.output
+    assert "verdict:" in r.output and "vs baseline" in r.output
+    results = json.loads((out / "results.json").read_text())
+    stages = {s["name"]: s for s in results["stages"]}
+    assert list(stages) == ["baseline", "workers", "lmdb", "fast", "dali-cpu", "dali-gpu"]
+    for name in ("baseline", "workers", "lmdb", "fast"):
+        s = stages[name]
+        assert s["status"] == "ran" and s["images_per_s"] > 0 and 0 <= s["data_wait_fraction"] <= 1
+        assert s["steps"] == 3 and "p99" in s["percentiles_ms"]["data_wait"]
+    assert stages["baseline"]["speedup_vs_baseline"] == 1.0
+    assert stages["dali-gpu"]["status"] == "skipped" and "CUDA" in stages["dali-gpu"]["reason"]
+    assert results["recipe"]["run"]["steps"] == 3 and results["recipe"]["dataset"]["folder"] == str(tiny_tree)
+    assert results["environment"]["cpus"]["usable"] >= 1 and results["environment"]["torch"]
+    assert (out / "results.csv").read_text().startswith("name,type,status")
+    assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    trace = json.loads((out / "traces" / "fast.json").read_text())
+    kinds = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert kinds == {"data wait", "copy", "compute"}
+
+    r2 = CliRunner().invoke(main, ["recipe", "compare", str(out / "results.json"), str(out / "results.json")])
+    assert r2.exit_code == 0 and "1.00x" in r2.output and "fast" in r2.output
+
+
+def test_only_selected_stages_and_unknown_stage(tiny_tree, tmp_path):
+    args = ["recipe", "run", str(RECIPES / "workers-sweep.toml"), "--folder", str(tiny_tree), "--store",
+            str(tmp_path / "s.lmdb"), "--out", str(tmp_path / "o"), *TINY_RUN]
+    r = CliRunner().invoke(main, [*args, "--stage", "fast-0", "--stage", "fast-1"])
+    assert r.exit_code == 0, r.output
+    names = [s["name"] for s in json.loads((tmp_path / "o" / "results.json").read_text())["stages"]]
+    assert names == ["fast-0", "fast-1"]
+    r = CliRunner().invoke(main, [*args, "--stage", "fast-9"])
+    assert r.exit_code == 1 and "Unknown stage 'fast-9'" in r.output
+
+
+@pytest.mark.slow
+def test_two_ranks_report_each_rank_and_the_slowest(tiny_tree, tmp_path):
+    recipe = write(tmp_path, f"""
+        name = "ddp"
+        [dataset]
+        folder = "{tiny_tree}"
+        store = "{tmp_path / 'ddp.lmdb'}"
+        [run]
+        step_ms = 2
+        batch_size = 2
+        image_size = 32
+        steps = 3
+        warmup = 1
+        [[stage]]
+        type = "baseline"
+        [[stage]]
+        type = "fast"
+        workers = 1
+    """)
+    # pack first, so the two ranks do not both convert
+    assert CliRunner().invoke(main, ["convert", str(tiny_tree), str(tmp_path / "ddp.lmdb"), "-q"]).exit_code == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fastload.cli",
+           "recipe", "run", str(recipe), "--out", str(tmp_path / "out"), "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 ranks" in proc.stdout and "slowest rank" in proc.stdout
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    for stage in results["stages"]:
+        assert [r["rank"] for r in stage["ranks"]] == [0, 1]
+        assert stage["slowest_rank"] in (0, 1)
+        assert stage["images_per_s_total"] == pytest.approx(sum(r["images_per_s"] for r in stage["ranks"]))
