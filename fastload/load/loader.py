@@ -20,6 +20,8 @@ Must not: change what a batch contains (that is the dataset's and collate's busi
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import torch
 import torch.distributed as dist
 import torch.utils.data
@@ -29,8 +31,10 @@ from fastload.load.workers import auto_num_workers, main_thread_budget
 
 __all__ = ["DataLoader"]
 
+T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader(torch.utils.data.DataLoader):
+
+class DataLoader(torch.utils.data.DataLoader[T_co]):
     """A drop-in ``torch.utils.data.DataLoader``; see the module docstring for what differs.
 
     Extra keyword-only argument:

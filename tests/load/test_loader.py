@@ -53,6 +53,13 @@ def test_signature_is_torchs_plus_main_threads():
     assert issubclass(DataLoader, torch.utils.data.DataLoader)
 
 
+def test_generic_like_torchs():
+    def make() -> DataLoader[list[torch.Tensor]]:  # subscripting must work, as it does for torch's
+        return DataLoader([])
+
+    assert DataLoader[int] is not None and make() is not None
+
+
 def test_num_workers_auto_and_explicit(tiny_store, monkeypatch):
     import fastload.load.loader as loader_mod
 
