@@ -46,6 +46,13 @@ _EXPORTS: dict[str, str] = {
     "normalize": "fastload.load.transforms",
     "IMAGENET_MEAN": "fastload.load.transforms",
     "IMAGENET_STD": "fastload.load.transforms",
+    # measure
+    "run_instrumented": "fastload.measure.train",
+    "SimulatedStep": "fastload.measure.train",
+    "StepTimer": "fastload.measure.timing",
+    "StageResult": "fastload.measure.timing",
+    "load_recipe": "fastload.measure.recipe",
+    "run_recipe": "fastload.measure.recipe",
     # data
     "make_dataset": "fastload.datasets",
     "ensure_default_dataset": "fastload.datasets",

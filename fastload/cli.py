@@ -249,6 +249,69 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
         json_out.write_text(json.dumps(result.to_json(), indent=1))
 
 
+@main.command()
+@click.option("--model", "model_name", required=True, help="A torchvision.models classification model name.")
+@click.option("--weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="A state_dict file for the model [default: random initialisation; nothing is downloaded].")
+@click.option("--num-classes", type=click.IntRange(min=1), default=1000, show_default=True)
+@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A text file with one class name per line, for the JSON answers.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=8.0, show_default=True)
+@click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Preprocessing threads [default: the CPUs this process may use].")
+@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True, help="Eval crop size.")
+@click.option("--resize", type=click.IntRange(min=8), default=256, show_default=True,
+              help="Shorter side before the crop.")
+@click.option("--gpu-decode-min-batch", type=click.IntRange(min=1), default=None,
+              help="On CUDA, decode batches of at least N JPEGs on the GPU (nvJPEG).")
+@_friendly
+def serve(model_name, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue, device,
+          workers, size, resize, gpu_decode_min_batch) -> None:
+    """Serve a torchvision model over HTTP with the training eval preprocessing and dynamic batching.
+
+    POST /predict with image bytes -> JSON top-5; GET /healthz (200 once warmed up),
+    GET /stats, GET /trace (Chrome trace). 503 + Retry-After when the queue is full.
+    """
+    import logging
+
+    import torch
+
+    from fastload.load.transforms import EvalTransform
+    from fastload.measure.train import build_model
+    from fastload.serve import DynamicBatcher, make_server
+    from fastload.system import available_cpus
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    model = build_model(model_name, num_classes=num_classes)
+    if weights:
+        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    classes = classes_file.read_text().split("\n") if classes_file else None
+    batcher = DynamicBatcher(model, preprocess=EvalTransform(size, resize), max_batch=max_batch,
+                             max_wait_ms=max_wait_ms, max_queue=max_queue, device=device,
+                             workers=workers or available_cpus(), gpu_decode_min_batch=gpu_decode_min_batch)
+    server = make_server(batcher, host, port, classes=[c for c in classes if c] if classes else None)
+    import threading
+
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()  # /healthz answers 503 while the warm-up runs
+    click.echo(f"listening on http://{server.server_address[0]}:{server.server_address[1]} (warming up...)")
+    batcher.start()
+    click.echo(f"ready on {batcher.device}: POST image bytes to /predict; Ctrl-C stops")
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        click.echo("stopping: finishing accepted requests")
+    finally:
+        server.shutdown()
+        batcher.stop()
+        server.server_close()
+
+
 @main.group()
 def recipe() -> None:
     """Run a recipe (recipes/*.toml): every loader stage on the same data, measured."""
@@ -340,6 +403,30 @@ def recipe_compare(a: Path, b: Path) -> None:
     from fastload.measure.report import compare_results
 
     click.echo(compare_results(json.loads(a.read_text()), json.loads(b.read_text())))
+
+
+@bench.command("serve")
+@click.option("--model", default="mobilenet_v3_small", show_default=True, help="A torchvision model name.")
+@click.option("--wait-ms", "waits", type=float, multiple=True, help="max_wait_ms values to compare [default: 0 8 50].")
+@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--rate", default="auto", show_default=True,
+              help="Offered requests/s, or 'auto' (between one-at-a-time and batched capacity).")
+@click.option("--duration", type=click.FloatRange(min=0.5), default=10.0, show_default=True, help="Seconds per run.")
+@click.option("--max-requests", type=click.IntRange(min=1), default=5000, show_default=True)
+@click.option("--image-size", type=click.IntRange(min=32), default=224, show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
+@_friendly
+def bench_serve_cmd(model, waits, max_batch, rate, duration, max_requests, image_size, json_out) -> None:
+    """Open-loop Poisson load on the HTTP front over loopback, comparing max_wait_ms values in one run."""
+    from fastload.serve.bench import ServeBenchOptions, bench_serve, format_table, to_json
+
+    opts = ServeBenchOptions(model=model, waits_ms=tuple(waits) or (0.0, 8.0, 50.0), max_batch=max_batch,
+                             rate=rate if rate == "auto" else float(rate), duration_s=duration,
+                             max_requests=max_requests, image_size=image_size)
+    report = bench_serve(opts)
+    click.echo(format_table(report))
+    if json_out:
+        json_out.write_text(to_json(report))
 
 
 if __name__ == "__main__":  # pragma: no cover

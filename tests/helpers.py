@@ -106,3 +106,11 @@ def bad_files() -> dict[str, bytes]:
         "notimage.jpg": b"this is a text file, not a JPEG\n" * 10,
         "bomb.png": bomb_png(),
     }
+
+
+def jpeg_bomb(side: int = 20000) -> bytes:
+    """A valid small JPEG whose frame header claims side x side pixels."""
+    data = bytearray(jpeg_bytes(photo(32, 32)))
+    i = data.index(b"\xff\xc0")
+    data[i + 5:i + 9] = side.to_bytes(2, "big") + side.to_bytes(2, "big")
+    return bytes(data)

@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image
 
 from fastload.errors import CorruptSampleError
-from fastload.pack.normalize import BadImage, decode_rgb, open_image, sniff, to_rgb
+from fastload.pack.normalize import DEFAULT_MAX_PIXELS, BadImage, decode_rgb, open_image, sniff, to_rgb
 
 __all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "corrupt", "jpeg_backend"]
 
@@ -101,8 +101,9 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
     if data[:3] == b"\xff\xd8\xff":
         sj = _simplejpeg()
         try:
+            h, w = size if size is not None else sj.decode_jpeg_header(data)[:2]
+            _check_pixels(h, w)
             if min_height or min_width:
-                h, w = size if size is not None else sj.decode_jpeg_header(data)[:2]
                 for d in _SCALES:
                     if math.ceil(h / d) >= min_height and math.ceil(w / d) >= min_width:
                         return sj.decode_jpeg(data, colorspace="RGB", min_height=math.ceil(h / d),
@@ -111,6 +112,13 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
         except ValueError:
             pass  # refused by libjpeg-turbo's strict API: let Pillow decide (and name the problem)
     return decode_rgb(data)
+
+
+def _check_pixels(h: int, w: int) -> None:
+    """Refuse decompression bombs before a decoder allocates for them."""
+    if h * w > DEFAULT_MAX_PIXELS:
+        raise BadImage(f"decompression bomb: {w}x{h} = {w * h:,} pixels is over the limit of "
+                       f"{DEFAULT_MAX_PIXELS:,}")
 
 
 def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int) -> np.ndarray:
@@ -126,9 +134,10 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
     if nv is not None:
         mod, dec, params = nv
         try:
-            stream = mod.CodeStream(data).get_sub_code_stream(
+            full = mod.CodeStream(data)
+            stream = None if full.height * full.width > DEFAULT_MAX_PIXELS else full.get_sub_code_stream(
                 region=mod.Region(top, left, top + height, left + width))
-            img = dec.decode(stream, params=params)
+            img = None if stream is None else dec.decode(stream, params=params)
         except Exception:
             img = None
         if img is not None:

@@ -1,0 +1,187 @@
+"""fastload.serve.DynamicBatcher: the batching policy, backpressure, errors, identical preprocessing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from fastload.errors import CorruptSampleError, Overloaded
+from fastload.load.transforms import EvalTransform, eval_transform, normalize
+from fastload.serve import BatchPolicy, DynamicBatcher
+from helpers import jpeg_bomb, jpeg_bytes, photo, png_bytes
+
+gpu = pytest.mark.gpu
+
+
+class FakeModel:
+    """Records batch sizes; returns each image's mean as a 1-element row; can be held or made to fail."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.inputs: list[torch.Tensor] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_next = False
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.gate.wait(10)
+        self.sizes.append(len(x))
+        self.inputs.append(x.clone())
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("model exploded")
+        return x.mean(dim=(1, 2, 3), keepdim=False).unsqueeze(1)
+
+
+def images(n: int, size: int = 48) -> list[bytes]:
+    return [jpeg_bytes(photo(size + 8, size + 4, seed=i)) for i in range(n)]
+
+
+def make(model, **kw) -> DynamicBatcher:
+    kw.setdefault("preprocess", EvalTransform(32, 40))
+    kw.setdefault("device", "cpu")
+    return DynamicBatcher(model, **kw).start()
+
+
+def test_policy_full_batch_goes_now_partial_after_the_window():
+    p = BatchPolicy(max_batch=4, max_wait_s=0.010)
+    assert p.decide(100.0, []) == (0, float("inf"))
+    assert p.decide(100.0, [100.0] * 4) == (4, 0.0)
+    assert p.decide(100.0, [100.0] * 9) == (4, 0.0)  # never more than max_batch
+    n, wait = p.decide(100.004, [100.0, 100.003])
+    assert n == 0 and wait == pytest.approx(0.006)
+    assert p.decide(100.010, [100.0, 100.003]) == (2, 0.0)
+    assert BatchPolicy(4, 0.0).decide(5.0, [5.0]) == (1, 0.0)  # no window: send what is there
+
+
+def test_warm_up_runs_one_full_batch_before_ready():
+    model = FakeModel()
+    b = DynamicBatcher(model, preprocess=EvalTransform(32, 40), max_batch=6, device="cpu")
+    assert not b.ready.is_set()
+    with pytest.raises(RuntimeError, match="not accepting"):
+        b.submit(images(1)[0])
+    b.start()
+    assert b.ready.is_set() and model.sizes == [6]
+    b.stop()
+
+
+def test_partial_batch_waits_for_the_window_then_goes():
+    model = FakeModel()
+    with make(model, max_batch=8, max_wait_ms=150) as b:
+        t0 = time.perf_counter()
+        futures = [b.submit(d) for d in images(3)]
+        outs = [f.result(5) for f in futures]
+        elapsed = time.perf_counter() - t0
+    assert model.sizes[1:] == [3]  # after the warm-up batch: one batch of all three
+    assert 0.14 <= elapsed < 2.0
+    assert all(o.shape == (1,) for o in outs)
+
+
+def test_full_batches_go_immediately_and_never_exceed_max_batch():
+    model = FakeModel()
+    with make(model, max_batch=4, max_wait_ms=5_000, max_queue=64) as b:
+        model.gate.clear()  # hold the model so requests pile up
+        futures = [b.submit(d) for d in images(10)]
+        time.sleep(0.3)  # let preprocessing finish
+        model.gate.set()
+        time.sleep(1.0)
+        # the three full batches went at once; the last two wait out the 5 s window
+        assert sum(f.done() for f in futures) == 8
+        for f in futures:
+            f.result(10)
+    assert model.sizes[1:] == [4, 4, 2]
+
+
+def test_serve_tensors_equal_training_eval_tensors():
+    model = FakeModel()
+    data = images(3, size=300) + [png_bytes(photo(280, 260, seed=9))]
+    with make(model, preprocess=eval_transform(224, 256), max_batch=4, max_wait_ms=200) as b:
+        for f in [b.submit(d) for d in data]:
+            f.result(10)
+    served = model.inputs[-1]  # one batch of all four, in the order preprocessing finished
+    trained = normalize(torch.stack([eval_transform(224, 256).from_bytes(d) for d in data]))
+    assert len(served) == 4
+    for t in trained:
+        assert any(torch.equal(t, s) for s in served)
+
+
+def test_overload_refuses_immediately_and_accepted_requests_complete():
+    model = FakeModel()
+    with make(model, max_batch=2, max_wait_ms=1, max_queue=4) as b:
+        model.gate.clear()
+        accepted = [b.submit(d) for d in images(4)]
+        t0 = time.perf_counter()
+        with pytest.raises(Overloaded, match="max_queue=4"):
+            for d in images(8):
+                accepted.append(b.submit(d))
+        assert time.perf_counter() - t0 < 0.5
+        model.gate.set()
+        for f in accepted:
+            assert f.result(10).shape == (1,)
+        assert b.stats()["rejected"] >= 1
+
+
+def test_model_error_fails_that_batch_and_serving_continues():
+    model = FakeModel()
+    with make(model, max_batch=2, max_wait_ms=50) as b:
+        model.fail_next = True
+        bad = [b.submit(d) for d in images(2)]
+        for f in bad:
+            with pytest.raises(RuntimeError, match="model exploded"):
+                f.result(5)
+        good = [b.submit(d) for d in images(2)]
+        assert all(f.result(5).shape == (1,) for f in good)
+        s = b.stats()
+    assert s["failed"] == 2 and s["completed"] == 2
+
+
+@pytest.mark.parametrize("payload, reason", [
+    (b"not an image", "not an image"),
+    (jpeg_bytes(photo(64, 64))[:300], "decode"),
+    (jpeg_bomb(), "decompression bomb"),
+])
+def test_undecodable_request_fails_alone(payload, reason):
+    model = FakeModel()
+    with make(model, max_batch=4, max_wait_ms=50) as b:
+        bad = b.submit(payload)
+        good = b.submit(images(1)[0])
+        with pytest.raises(CorruptSampleError, match=reason):
+            bad.result(5)
+        assert good.result(5).shape == (1,)
+
+
+def test_stop_without_drain_cancels_waiting_requests():
+    model = FakeModel()
+    b = make(model, max_batch=8, max_wait_ms=10_000)
+    futures = [b.submit(d) for d in images(3)]
+    time.sleep(0.2)
+    b.stop(drain=False)
+    assert all(f.cancelled() for f in futures)
+
+
+def test_stats_and_trace():
+    model = FakeModel()
+    with make(model, max_batch=4, max_wait_ms=20) as b:
+        for f in [b.submit(d) for d in images(6)]:
+            f.result(5)
+        s, tr = b.stats(), b.trace()
+    assert s["completed"] == 6 and s["batches"] >= 2 and s["mean_batch_size"] > 1
+    assert s["latency_ms"]["p99"] >= s["latency_ms"]["p50"] > 0
+    names = {e["name"] for e in tr["traceEvents"] if e.get("ph") == "X"}
+    assert {"preprocess", "compute"} <= names
+
+
+@gpu
+def test_gpu_decode_for_big_batches_matches_cpu_closely():
+    model = FakeModel()
+    data = images(4, size=300)
+    with make(torch.nn.Identity(), device="cuda", max_batch=4, max_wait_ms=100, gpu_decode_min_batch=2) as b:
+        outs = [b.submit(d).result(10) for d in data]
+    with make(torch.nn.Identity(), device="cpu", max_batch=4, max_wait_ms=100) as b:
+        ref = [b.submit(d).result(10) for d in data]
+    for a, r in zip(outs, ref):
+        assert (a - r).abs().mean() < 0.05
+    assert model is not None
