@@ -107,6 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 512  # listen backlog: the default 5 refuses connections under a burst
 
     def __init__(self, address, batcher: DynamicBatcher, *, k: int = 5, classes: list[str] | None = None,
                  request_timeout: float = 60.0) -> None:

@@ -132,3 +132,29 @@ def test_gpu_mode_batches_on_the_gpu(tiny_store):
         assert images.is_cuda and labels.is_cuda and images.dtype == torch.float32
         seen += index.tolist()
     assert sorted(seen) == list(range(24))
+
+
+@dali
+def test_dali_cpu_decoder_agrees_with_pillow_on_stored_samples(tiny_store):
+    """One store, every decoder: DALI's CPU decoder gives Pillow's pixels for what the store holds."""
+    import numpy as np
+    from nvidia.dali import fn, pipeline_def, types
+    from PIL import Image
+    import io
+
+    ds = LMDBImageDataset(tiny_store)
+    blobs = [np.frombuffer(ds.get_bytes(i), dtype=np.uint8) for i in range(len(ds))]
+
+    @pipeline_def(batch_size=len(blobs), num_threads=1, device_id=None)
+    def decode():
+        return fn.decoders.image(fn.external_source(source=lambda: blobs, batch=True), device="cpu",
+                                 output_type=types.RGB)
+
+    pipe = decode()
+    pipe.build()
+    (out,) = pipe.run()
+    for i in range(len(blobs)):
+        got = np.asarray(out.at(i)).astype(int)
+        want = np.asarray(Image.open(io.BytesIO(blobs[i].tobytes())).convert("RGB")).astype(int)
+        assert got.shape == want.shape
+        assert np.abs(got - want).max() <= 1, (i, np.abs(got - want).max())
