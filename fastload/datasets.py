@@ -29,7 +29,8 @@ from PIL import Image, ImageDraw
 
 from fastload.errors import FastloadError
 
-__all__ = ["DatasetSpec", "DEFAULT_SPEC", "make_dataset", "default_dataset_dir", "ensure_default_dataset"]
+__all__ = ["DatasetSpec", "DEFAULT_SPEC", "make_dataset", "cache_dir", "default_dataset_dir",
+           "ensure_default_dataset"]
 
 _CLASS_NAMES = (
     "aurora", "basalt", "coral", "dune", "ember", "fjord", "glacier", "heath",
@@ -206,12 +207,16 @@ def make_dataset(root: str | os.PathLike[str], spec: DatasetSpec = DEFAULT_SPEC,
     return root
 
 
+def cache_dir() -> Path:
+    """fastload's cache folder: ``$FASTLOAD_CACHE``, else ``$XDG_CACHE_HOME/fastload`` or ``~/.cache/fastload``."""
+    return Path(os.environ.get("FASTLOAD_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastload"))
+
+
 def default_dataset_dir() -> Path:
-    """Where the embedded default dataset lives: ``$FASTLOAD_CACHE`` or the XDG cache."""
-    base = os.environ.get("FASTLOAD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastload")
+    """Where the embedded default dataset lives, in ``cache_dir()``."""
     tag = zlib.crc32(repr(sorted(asdict(DEFAULT_SPEC).items())).encode()) & 0xFFFF
-    return Path(base) / f"default-{tag:04x}"
+    return cache_dir() / f"default-{tag:04x}"
 
 
 def ensure_default_dataset(*, progress: bool = False) -> Path:

@@ -244,22 +244,6 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
         torch.set_num_threads(threads)
 
 
-def _environment() -> dict:
-    import platform
-
-    import torchvision
-
-    from fastload.system import cpu_budget
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "torchvision": torchvision.__version__,
-           "cpus": asdict(cpu_budget()), "processor": platform.processor() or platform.machine()}
-    if importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.dali"):
-        import nvidia.dali
-
-        env["dali"] = nvidia.dali.__version__
-    return env
-
-
 ALL_PATHS = ("torchvision", "fastload", "fastload-reduced", "webdataset", "dali-cpu", "ffcv")
 
 
@@ -323,7 +307,9 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                 ordered.append(r)
         ceiling = single_core_ceiling(store, options.image_size)
         paths.clear()  # stop persistent workers before the temporary files go
-    return LoaderBench(options, ordered, ceiling, _environment())
+    from fastload.measure.report import environment
+
+    return LoaderBench(options, ordered, ceiling, environment())
 
 
 def _display(name: str, o: LoaderBenchOptions) -> str:

@@ -13,14 +13,15 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-__all__ = ["doctor_report", "format_doctor", "PINNED_FRACTION"]
+__all__ = ["doctor_report", "format_doctor", "package_version", "PINNED_FRACTION"]
 
 #: Pinned (page-locked) memory cannot be swapped or reclaimed; past about a quarter of RAM
 #: the rest of the system (page cache for the dataset included) starts to suffer.
 PINNED_FRACTION = 0.25
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist``, or None."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -39,6 +40,7 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
     from fastload.load.workers import worker_plan
 
     plan = worker_plan()
+    v = package_version
     gpus = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -62,11 +64,12 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
         "pinned_memory": {"ram_bytes": ram, "budget_bytes": budget, "batch_bytes": batch_bytes,
                           "batches_in_flight": in_flight, "needed_bytes": pinned, "ok": pinned <= budget,
                           "batch_size": batch_size, "image_size": image_size, "prefetch_factor": prefetch_factor},
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()
-                     if torch.cuda.is_available() else None, "torchvision": _version("torchvision"),
-                     "nvidia-dali": _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120"),
-                     "nvimgcodec": _version("nvidia-nvimgcodec-cu13") or _version("nvidia-nvimgcodec-cu12"),
-                     "simplejpeg": _version("simplejpeg"), "pillow": _version("pillow"), "lmdb": _version("lmdb")},
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                     "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+                     "torchvision": v("torchvision"),
+                     "nvidia-dali": v("nvidia-dali-cuda130") or v("nvidia-dali-cuda120"),
+                     "nvimgcodec": v("nvidia-nvimgcodec-cu13") or v("nvidia-nvimgcodec-cu12"),
+                     "simplejpeg": v("simplejpeg"), "pillow": v("pillow"), "lmdb": v("lmdb")},
         "dali_available": has_dali,
         "jpeg_region_decoder": jpeg_backend(),
     }

@@ -229,17 +229,12 @@ class PreparedData:
     num_classes: int
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("FASTLOAD_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fastload"))
-
-
 def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
     """The embedded default dataset made if needed; the store converted from the folder if missing.
 
     A conversion interrupted here resumes on the next run (it is ``fastload convert``).
     """
-    from fastload.datasets import ensure_default_dataset
+    from fastload.datasets import cache_dir, ensure_default_dataset
     from fastload.load.store import StoreReader
     from fastload.pack.convert import ConvertOptions, convert
 
@@ -249,7 +244,7 @@ def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
         store = Path(data.store).expanduser()
     else:
         tag = hashlib.sha256(f"{folder}|{data.max_side}".encode()).hexdigest()[:10]
-        store = _cache_dir() / "stores" / f"{folder.name}-{tag}.lmdb"
+        store = cache_dir() / "stores" / f"{folder.name}-{tag}.lmdb"
     if folder.is_dir():
         convert(folder, store, ConvertOptions(max_side=data.max_side, progress=progress))
     reader = StoreReader(store)

@@ -27,17 +27,10 @@ DATA_BOUND_THRESHOLD = 0.10
 
 def environment() -> dict[str, Any]:
     """CPUs, affinity, versions and GPU of this run."""
-    import importlib.metadata
-
     import torch
 
+    from fastload.measure.doctor import package_version as version
     from fastload.system import cpu_budget
-
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
 
     b = cpu_budget()
     env: dict[str, Any] = {

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from fastload.errors import CorruptSampleError, Overloaded
@@ -393,14 +392,12 @@ class DynamicBatcher:
 
     def stats(self) -> dict[str, Any]:
         """Counters and latency histograms (ms) over the last ``history`` requests."""
+        from fastload.measure.timing import percentiles
+
         done = [t for t in self._done if t.ok and t.returned]
 
-        def pct(values: list[float]) -> dict[str, float]:
-            if not values:
-                return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
-            a = np.asarray(values) * 1e3
-            return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-                    "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+        def pct(seconds: list[float]) -> dict[str, float]:
+            return {k: v * 1e3 for k, v in percentiles(seconds).items()}
 
         s = self._stats
         sizes = s.batch_sizes
