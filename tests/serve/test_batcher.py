@@ -185,3 +185,15 @@ def test_gpu_decode_for_big_batches_matches_cpu_closely():
     for a, r in zip(outs, ref):
         assert (a - r).abs().mean() < 0.05
     assert model is not None
+
+
+def test_submit_async_awaits_the_result():
+    import asyncio
+
+    model = FakeModel()
+    with make(model, max_batch=4, max_wait_ms=5) as b:
+        async def two():
+            return await asyncio.gather(*(b.submit_async(d) for d in images(2)))
+
+        outs = asyncio.run(two())
+    assert [o.shape for o in outs] == [(1,), (1,)]
