@@ -302,6 +302,12 @@ def serve(model_name, weights, num_classes, classes_file, host, port, max_batch,
     click.echo(f"listening on http://{server.server_address[0]}:{server.server_address[1]} (warming up...)")
     batcher.start()
     click.echo(f"ready on {batcher.device}: POST image bytes to /predict; Ctrl-C stops")
+    import signal
+
+    def _stop(signum, frame):  # SIGTERM (docker stop, Kubernetes) drains like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
     try:
         thread.join()
     except KeyboardInterrupt:
