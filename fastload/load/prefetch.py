@@ -25,7 +25,32 @@ import torch
 
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize
 
-__all__ = ["DevicePrefetcher"]
+__all__ = ["DevicePrefetcher", "prepare_batch"]
+
+
+def prepare_batch(batch, device: torch.device, *, mean: Sequence[float] = IMAGENET_MEAN,
+                  std: Sequence[float] = IMAGENET_STD, dtype: torch.dtype | None = torch.float32,
+                  channels_last: bool = False, non_blocking: bool = False):
+    """One ``(images, labels, ...)`` batch onto ``device`` under the batch contract.
+
+    ``uint8`` images are normalised there (to ``dtype``, float32 when None); float images
+    are taken as normalised and only cast to ``dtype`` (kept as they are when None).
+    Labels become int64; extra tensors are moved along.
+    """
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise TypeError(f"expected (images, labels, ...) batches, got {type(batch).__name__}")
+    images, labels, *rest = batch
+    images = images.to(device, non_blocking=non_blocking)
+    if images.dtype == torch.uint8:
+        images = normalize(images, mean, std, dtype=dtype or torch.float32, channels_last=channels_last)
+    else:
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        if dtype is not None:
+            images = images.to(dtype)
+    labels = torch.as_tensor(labels).to(device, dtype=torch.int64, non_blocking=non_blocking)
+    rest = [r.to(device, non_blocking=non_blocking) if isinstance(r, torch.Tensor) else r for r in rest]
+    return (images, labels, *rest)
 
 
 class DevicePrefetcher:
@@ -55,19 +80,8 @@ class DevicePrefetcher:
         return len(self.loader)  # type: ignore[arg-type]
 
     def _prepare(self, batch, non_blocking: bool):
-        if not isinstance(batch, (tuple, list)) or len(batch) < 2:
-            raise TypeError(f"expected (images, labels, ...) batches, got {type(batch).__name__}")
-        images, labels, *rest = batch
-        images = images.to(self.device, non_blocking=non_blocking)
-        if images.dtype == torch.uint8:
-            images = normalize(images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last)
-        else:
-            if self.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
-            images = images.to(self.dtype)
-        labels = torch.as_tensor(labels).to(self.device, dtype=torch.int64, non_blocking=non_blocking)
-        rest = [r.to(self.device, non_blocking=non_blocking) if isinstance(r, torch.Tensor) else r for r in rest]
-        return (images, labels, *rest)
+        return prepare_batch(batch, self.device, mean=self.mean, std=self.std, dtype=self.dtype,
+                             channels_last=self.channels_last, non_blocking=non_blocking)
 
     def __iter__(self) -> Iterator:
         if self.device.type != "cuda":

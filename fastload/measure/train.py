@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from fastload.errors import RecipeError
+from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
 
 __all__ = ["SimulatedStep", "build_model", "run_instrumented", "gather_results"]
@@ -60,21 +61,6 @@ def build_model(name: str, *, num_classes: int, step_ms: float | None = None) ->
         raise RecipeError(f"Unknown value {name!r} for field model. Valid values are 'simulated' or a "
                           f"torchvision classification model: {', '.join(sorted(names))}.")
     return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
-
-
-def _to_device(batch, device: torch.device, channels_last: bool, dtype: torch.dtype | None):
-    from fastload.load.transforms import normalize
-
-    images, labels = batch[0], batch[1]
-    images = images.to(device, non_blocking=True)
-    labels = torch.as_tensor(labels).to(device, non_blocking=True)
-    if images.dtype == torch.uint8:
-        images = normalize(images, channels_last=channels_last)
-    elif channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    if dtype is not None and images.dtype != dtype:
-        images = images.to(dtype)
-    return images, labels
 
 
 def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *, steps: int, warmup: int = 5,
@@ -133,7 +119,8 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
             if simulated and device.type == "cpu":
                 labels = batch[1]  # the simulated GPU does the copy and conversion within step_ms
             else:
-                images, labels = _to_device(batch, device, channels_last, None)
+                images, labels = prepare_batch(batch, device, dtype=None, channels_last=channels_last,
+                                               non_blocking=True)[:2]
             seen_batch_size = seen_batch_size or len(labels)
             timer.copied()
             if simulated:
