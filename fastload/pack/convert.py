@@ -290,6 +290,17 @@ def _finalize(env, path: Path, build: dict, chunks: list[dict], src: Source) -> 
     return header
 
 
+def _source_bytes(src: Source, order: list[int]) -> int:
+    """Total size of the files to pack (one stat each; missing files count 0)."""
+    total = 0
+    for i in order:
+        try:
+            total += os.stat(src.abspath(src.items[i][0])).st_size
+        except OSError:
+            pass
+    return total
+
+
 def _write_report(path: Path, report: ConvertReport) -> None:
     tmp = path / (REPORT_NAME + ".tmp")
     tmp.write_text(json.dumps(report.to_json(), indent=1))
@@ -320,9 +331,7 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
              "source": {"kind": src.kind, "path": str(src.path), "classes": src.classes},
              "options": options.record_options()}
     report = ConvertReport(dst=path, source=str(src.path), total=len(order))
-    src_bytes = sum(os.path.getsize(src.abspath(src.items[i][0])) for i in order
-                    if os.path.exists(src.abspath(src.items[i][0])))
-    env = _open_writer(path, options, src_bytes)
+    env = _open_writer(path, options, _source_bytes(src, order))
     try:
         meta, have, chunks = _read_state(env)
         if meta is not None:
