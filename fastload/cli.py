@@ -68,7 +68,7 @@ def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, 
     """
     from fastload.pack.convert import ConvertOptions
     from fastload.pack.convert import convert as run
-    from fastload.pack.normalize import DEFAULT_MAX_PIXELS
+    from fastload.image.policy import DEFAULT_MAX_PIXELS
 
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
@@ -95,7 +95,7 @@ def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, 
 @_friendly
 def verify(store: Path, no_decode: bool, workers, as_json: bool, quiet: bool) -> None:
     """Re-read every record of STORE, check checksums and decode; exit 1 on any problem."""
-    from fastload.load.store import report_json, verify_store
+    from fastload.store.check import report_json, verify_store
 
     report = verify_store(store, decode=not no_decode, workers=workers, progress=not quiet and not as_json)
     if as_json:
@@ -115,7 +115,7 @@ def verify(store: Path, no_decode: bool, workers, as_json: bool, quiet: bool) ->
 @_friendly
 def inspect(store: Path, as_json: bool) -> None:
     """Show what STORE holds: count, classes, bytes, encodings, options, completeness."""
-    from fastload.load.store import inspect_store
+    from fastload.store.check import inspect_store
 
     info = inspect_store(store)
     if as_json:

@@ -9,7 +9,7 @@ import lmdb
 from click.testing import CliRunner
 
 from fastload.cli import main
-from fastload.pack import format as fmt
+from fastload.store import format as fmt
 from helpers import copy_tree
 
 

@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from fastload.load.store import StoreReader
+from fastload.store.reader import StoreReader
 
 
 class StoreSource:

@@ -73,7 +73,7 @@ def _require_dali():
 
 
 def _is_store(path: Path) -> bool:
-    from fastload.pack import format as fmt
+    from fastload.store import format as fmt
 
     return fmt.is_store_dir(path) or bool(fmt.find_shards(path))
 
@@ -154,7 +154,7 @@ class DALILoader:
         self.from_store = _is_store(self.source)
         if self.from_store:
             from fastload.load._dali_source import StoreSource
-            from fastload.load.store import StoreReader
+            from fastload.store.reader import StoreReader
 
             self._reader = StoreReader(self.source)
             self._src = StoreSource(self._reader, batch_size, shuffle=self.shuffle, seed=seed, rank=shard_id,
@@ -282,7 +282,8 @@ class DALILoader:
 
     def _explain(self, exc: RuntimeError, epoch: int, iteration: int) -> Exception:
         """Find which sample DALI failed on (it does not say) by decoding the candidates on the CPU."""
-        from fastload.load.decode import corrupt, decode_rgb_fast
+        from fastload.image.fast import decode_rgb_fast
+        from fastload.image.policy import sample_error
 
         if self.from_store:
             candidates = []
@@ -292,7 +293,7 @@ class DALILoader:
                 try:
                     decode_rgb_fast(self._reader.get(index))
                 except Exception as bad:
-                    return corrupt(self.source, index, self._reader.paths[index], bad)
+                    return sample_error(self.source, index, self._reader.paths[index], bad)
             return CorruptSampleError(f"{self.source}: DALI failed on a batch near iteration {iteration} of epoch "
                                       f"{epoch}, and every sample in it decodes on the CPU:\n{exc}")
         for path in self._files:  # the reader's own shuffle is not ours to replay: check the shard

@@ -9,7 +9,7 @@ fastload's presets (anything with a ``from_bytes`` method) it gets the stored by
 decodes only what it needs (``transforms.py``).
 
 Must not: open LMDB in ``__init__`` beyond reading the metadata (handles are per process,
-in ``store.StoreReader``), or batch.
+in ``store.reader.StoreReader``), or batch.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Any
 import torch.utils.data
 
 from fastload.errors import CorruptSampleError, TooManyCorruptSamplesError
-from fastload.load.decode import corrupt, decode_pil
-from fastload.load.store import StoreReader
+from fastload.image.fast import decode_pil
+from fastload.image.policy import sample_error
+from fastload.store.reader import StoreReader
 
 __all__ = ["LMDBImageDataset"]
 
@@ -97,7 +98,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
                 return from_bytes(data)
             img = decode_pil(data)
         except Exception as exc:
-            raise corrupt(self.root, index, self._reader.paths[index], exc) from exc
+            raise sample_error(self.root, index, self._reader.paths[index], exc) from exc
         return self.transform(img) if self.transform is not None else img
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from fastload.load.decode import decode_rgb_fast, decode_rgb_region, image_size
+from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "TrainTransform", "EvalTransform", "train_transform",

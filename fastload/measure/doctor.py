@@ -36,7 +36,7 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
     """Everything ``fastload doctor`` prints, as a dict (``--json`` writes it as is)."""
     import torch
 
-    from fastload.load.decode import jpeg_backend
+    from fastload.image.fast import jpeg_backend
     from fastload.load.workers import worker_plan
 
     plan = worker_plan()

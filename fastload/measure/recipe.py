@@ -235,7 +235,7 @@ def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
     A conversion interrupted here resumes on the next run (it is ``fastload convert``).
     """
     from fastload.datasets import cache_dir, ensure_default_dataset
-    from fastload.load.store import StoreReader
+    from fastload.store.reader import StoreReader
     from fastload.pack.convert import ConvertOptions, convert
 
     folder = ensure_default_dataset(progress=progress) if data.folder == "default" else \

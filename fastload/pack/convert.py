@@ -1,23 +1,21 @@
 """``convert(source, dst, options) -> ConvertReport``: pack a dataset into an LMDB store.
 
 Owns: the conversion run. Worker processes (``_pool.imap_isolated``) read, validate and,
-when needed, normalise or re-encode each file (``normalize.prepare``); this process
-commits them in order, in chunked transactions, each carrying a chunk record of what it
-consumed. A rerun finds the committed chunks and continues after them, so SIGKILL at any
-moment and a rerun give the same records as one uninterrupted run. The metadata record is
-written last; the LMDB map doubles whenever it is full.
+when needed, canonicalise or re-encode each file (``image.policy.prepare``); this process
+commits them in order through ``store.writer.StoreWriter``, in chunked transactions, each
+carrying a chunk record of what it consumed. A rerun finds the committed chunks and
+continues after them, so SIGKILL at any moment and a rerun give the same records as one
+uninterrupted run. The metadata record is written last.
 
 Must not: decode images itself (workers do), or import torch.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import time
 import zlib
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,17 +23,17 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ConvertError
-from fastload.pack import format as fmt
+from fastload.image.policy import DEFAULT_MAX_PIXELS
 from fastload.pack._pool import imap_isolated
-from fastload.pack.normalize import DEFAULT_MAX_PIXELS
 from fastload.pack.sources import Source, open_source
+from fastload.store import format as fmt
+from fastload.store.writer import StoreWriter
 
 __all__ = ["ConvertOptions", "ConvertReport", "convert", "REPORT_NAME"]
 
 REPORT_NAME = "report.json"
-_HANDLER = "fastload.pack.normalize:prepare_file"  # what workers run per file ("module:function")
+_HANDLER = "fastload.image.policy:prepare_file"  # what workers run per file ("module:function")
 _CHUNK_BYTES = 64 << 20
-_STORE_FILES = {"data.mdb", "lock.mdb", REPORT_NAME}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,84 +148,6 @@ def _source_order(src: Source, options: ConvertOptions) -> list[int]:
     return order[options.shard_index::options.num_shards].tolist()
 
 
-def _io_hint(exc: BaseException, path: Path) -> str:
-    code = getattr(exc, "errno", None)
-    text = str(exc)
-    if code in (errno.EACCES, errno.EPERM, errno.EROFS) or "ermission" in text or "ead-only" in text:
-        return "HINT: the folder is not writable: fix its permissions or choose another DST."
-    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or any(
-            w in text for w in ("space", "too large", "Input/output")):
-        # LMDB reports a short write (disk full, file-size limit) as EIO.
-        import resource
-        import shutil
-
-        where = []
-        try:
-            where.append(f"{shutil.disk_usage(path).free / 1e6:,.0f} MB free on its filesystem")
-        except OSError:
-            pass
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
-            where.append(f"a file-size limit (ulimit -f) of {limit:,} bytes")
-        return ("HINT: the disk (or a file-size limit) is full" + (f" ({'; '.join(where)})" if where else "")
-                + ": free space, then rerun the same command to resume.")
-    return "HINT: rerun the same command to resume once the cause is fixed."
-
-
-def _open_writer(path: Path, options: ConvertOptions, src_bytes: int):
-    import lmdb
-
-    if path.exists() and not path.is_dir():
-        raise ConvertError(f"{path} exists and is a file; DST must be a new or empty folder or a fastload store.")
-    if path.is_dir():
-        foreign = [p.name for p in path.iterdir() if p.name not in _STORE_FILES and not p.name.startswith(".")]
-        if foreign and not fmt.is_store_dir(path):
-            raise ConvertError(
-                f"{path} exists and is not a fastload store (it holds {', '.join(sorted(foreign)[:3])}...).\n"
-                "HINT: DST must be a new or empty folder; nothing was written."
-            )
-    fmt.release_env(path)  # a read handle of this process on DST would refuse the writer
-    map_size = options.initial_map_size or max(64 << 20, int(src_bytes * 1.25) + (64 << 20))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        return lmdb.open(str(path), map_size=map_size, subdir=True, readonly=False, lock=True,
-                         sync=True, metasync=True, meminit=False, max_dbs=0)
-    except (OSError, lmdb.Error) as exc:
-        raise ConvertError(f"cannot open {path} for writing: {exc}\n{_io_hint(exc, path)}") from exc
-
-
-def _commit(env, puts: list[tuple[bytes, bytes]], deletes: list[bytes], *, path: Path, committed: int) -> None:
-    """Write one transaction, doubling the map as often as needed."""
-    import lmdb
-
-    while True:
-        try:
-            with env.begin(write=True) as txn:
-                for k, v in puts:
-                    txn.put(k, v)
-                for k in deletes:
-                    txn.delete(k)
-            return
-        except lmdb.MapFullError:
-            env.set_mapsize(env.info()["map_size"] * 2)
-        except lmdb.Error as exc:
-            raise ConvertError(
-                f"{path}: writing failed after {committed} committed samples: {exc}. Everything "
-                f"committed is kept.\n{_io_hint(exc, path)}"
-            ) from exc
-
-
-def _read_state(env) -> tuple[dict | None, dict | None, list[dict]]:
-    with env.begin() as txn:
-        meta = txn.get(fmt.META_KEY)
-        build = txn.get(fmt.BUILD_KEY)
-        chunks = [json.loads(v) for k, v in txn.cursor() if k.startswith(fmt.CHUNK_PREFIX)]
-        has_samples = txn.get(fmt.sample_key(0)) is not None
-    if meta is None and build is None and has_samples:
-        raise ConvertError("DST is an LMDB environment that fastload did not write; choose another DST.")
-    return (json.loads(meta) if meta else None, json.loads(build) if build else None, chunks)
-
-
 def _differences(have: dict, want: dict, *, contents: bool) -> str:
     """What differs between a stored build record and this run's; "" when nothing does."""
     lines = []
@@ -243,51 +163,19 @@ def _differences(have: dict, want: dict, *, contents: bool) -> str:
     return "\n".join(lines)
 
 
-def _check_prefix(path: Path, src: Source, order: list[int], chunks: list[dict]) -> None:
+def _check_prefix(path: Path, src: Source, order: list[int], chunks: list[fmt.ChunkRecord]) -> None:
     """Refuse to resume when files already packed changed: the store would mix two sources."""
     start = 0
-    for c in sorted(chunks, key=lambda c: c["n"]):
-        part = order[start:start + c["consumed"]]
-        if len(part) != c["consumed"] or src.fingerprint(part) != c["fp"]:
+    for c in chunks:
+        part = order[start:start + c.consumed]
+        if len(part) != c.consumed or src.fingerprint(part) != c.fp:
             first = src.items[part[0]][0] if part else "(past the end of the source)"
             raise ConvertError(
                 f"{path} holds an unfinished conversion, but files it already packed (from {first} on) "
                 "were changed, removed or reordered since.\nHINT: restore them, or delete "
                 f"{path} and convert again."
             )
-        start += c["consumed"]
-
-
-def _finalize(env, path: Path, build: dict, chunks: list[dict], src: Source) -> dict:
-    chunks = sorted(chunks, key=lambda c: c["n"])
-    labels = np.array([x for c in chunks for x in c["labels"]], dtype=np.int64)
-    crc = np.array([x for c in chunks for x in c["crc32"]], dtype=np.uint32)
-    enc = np.array([fmt.ENCODINGS.index(x) for c in chunks for x in c["encoding"]], dtype=np.uint8)
-    stored_as = np.array([fmt.STORED_AS.index(x) for c in chunks for x in c["stored_as"]], dtype=np.uint8)
-    paths = [p for c in chunks for p in c["paths"]]
-    reasons = Counter(r for c in chunks for r, s in zip(c["reasons"], c["stored_as"]) if s == "normalised")
-    header = {
-        "format": fmt.FORMAT_NAME,
-        "version": fmt.FORMAT_VERSION,
-        "count": len(labels),
-        "classes": src.classes,
-        "source": dict(build["source"], count=len(src), fingerprint=src.fingerprint()),
-        "options": build["options"],
-        "skipped": [s for c in chunks for s in c["skipped"]],
-        "normalised": dict(sorted(reasons.items())),
-        "encodings": {name: int((enc == i).sum()) for i, name in enumerate(fmt.ENCODINGS)},
-        "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
-        "bytes": int(sum(c["bytes"] for c in chunks)),
-    }
-    puts = [(fmt.array_key("labels"), fmt.encode_array(labels)),
-            (fmt.array_key("crc32"), fmt.encode_array(crc)),
-            (fmt.array_key("encoding"), fmt.encode_array(enc)),
-            (fmt.array_key("stored_as"), fmt.encode_array(stored_as)),
-            (fmt.PATHS_KEY, fmt.encode_paths(paths)),
-            (fmt.META_KEY, json.dumps(header, sort_keys=True).encode())]
-    deletes = [fmt.chunk_key(c["n"]) for c in chunks] + [fmt.BUILD_KEY]
-    _commit(env, puts, deletes, path=path, committed=len(labels))
-    return header
+        start += c.consumed
 
 
 def _source_bytes(src: Source, order: list[int]) -> int:
@@ -331,20 +219,22 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
              "source": {"kind": src.kind, "path": str(src.path), "classes": src.classes},
              "options": options.record_options()}
     report = ConvertReport(dst=path, source=str(src.path), total=len(order))
-    env = _open_writer(path, options, _source_bytes(src, order))
-    try:
-        meta, have, chunks = _read_state(env)
-        if meta is not None:
+    src_bytes = _source_bytes(src, order)
+    map_size = options.initial_map_size or max(64 << 20, int(src_bytes * 1.25) + (64 << 20))
+    with StoreWriter(path, map_size=map_size) as writer:
+        state = writer.resume_state()
+        if state.meta is not None:
             final = dict(build, source=dict(build["source"], fingerprint=src.fingerprint()))
-            diff = _differences(meta, final, contents=True)
+            diff = _differences(state.meta, final, contents=True)
             if diff:
                 raise ConvertError(f"{path} is a complete store of a different conversion:\n{diff}\n"
                                    "HINT: choose another DST, or delete it to convert again.")
-            report.stored, report.already_complete = meta["count"], True
-            report.skipped = meta["skipped"]
+            report.stored, report.already_complete = state.meta["count"], True
+            report.skipped = state.meta["skipped"]
             return report
-        if have is not None:
-            diff = _differences(have, build, contents=False)
+        chunks = state.chunks
+        if state.build is not None:
+            diff = _differences(state.build, build, contents=False)
             if diff:
                 raise ConvertError(
                     f"{path} holds an unfinished conversion with other inputs:\n{diff}\n"
@@ -352,11 +242,10 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
                 )
             _check_prefix(path, src, order, chunks)
         else:
-            _commit(env, [(fmt.BUILD_KEY, json.dumps(build, sort_keys=True).encode())], [], path=path, committed=0)
-        _run(env, path, src, order, options, chunks, report)
-        header = _finalize(env, path, build, chunks, src)
-    finally:
-        env.close()
+            writer.start(build)
+        _run(writer, src, order, options, chunks, report)
+        header = writer.finalize(build, chunks, classes=src.classes,
+                                 source=dict(build["source"], count=len(src), fingerprint=src.fingerprint()))
     report.stored = header["count"]
     report.skipped = header["skipped"]
     report.normalised = header["normalised"]
@@ -367,15 +256,16 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     return report
 
 
-def _run(env, path: Path, src: Source, order: list[int], options: ConvertOptions,
-         chunks: list[dict], report: ConvertReport) -> None:
+def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOptions,
+         chunks: list[fmt.ChunkRecord], report: ConvertReport) -> None:
     """Validate and write every not-yet-committed item; appends to ``chunks``."""
     from tqdm import tqdm
 
     from fastload.system import available_cpus
 
-    consumed = sum(c["consumed"] for c in chunks)
-    stored = sum(c["stored"] for c in chunks)
+    path = writer.path
+    consumed = sum(c.consumed for c in chunks)
+    stored = sum(c.stored for c in chunks)
     report.resumed_from = consumed
     todo = order[consumed:]
     payloads = [src.abspath(src.items[i][0]) for i in todo]
@@ -383,43 +273,36 @@ def _run(env, path: Path, src: Source, order: list[int], options: ConvertOptions
     workers = options.workers or available_cpus()
     bar = tqdm(total=len(order), initial=consumed, unit="img", desc=f"convert {path.name}",
                disable=not options.progress, dynamic_ncols=True)
-    chunk = _new_chunk(len(chunks))
+    chunk = fmt.ChunkRecord(n=len(chunks))
     puts: list[tuple[bytes, bytes]] = []
 
     def flush() -> None:
         nonlocal chunk, puts, stored
-        if chunk["consumed"] == 0:
+        if chunk.consumed == 0:
             return
-        first = sum(c["consumed"] for c in chunks)
-        chunk["fp"] = src.fingerprint(order[first:first + chunk["consumed"]])
-        puts.append((fmt.chunk_key(chunk["n"]), json.dumps(chunk).encode()))
-        _commit(env, puts, [], path=path, committed=stored)
-        stored += chunk["stored"]
+        first = sum(c.consumed for c in chunks)
+        chunk.fp = src.fingerprint(order[first:first + chunk.consumed])
+        writer.commit_chunk(chunk, puts, committed=stored)
+        stored += chunk.stored
         chunks.append(chunk)
-        chunk, puts = _new_chunk(chunk["n"] + 1), []
+        chunk, puts = fmt.ChunkRecord(n=chunk.n + 1), []
 
     try:
         for j, ok, value in imap_isolated(_HANDLER, init, payloads, workers):
             rel, label = src.items[todo[j]]
-            chunk["consumed"] += 1
+            chunk.consumed += 1
             if ok and value[0] == "ok":
                 _, data, encoding, stored_as, reason = value
-                puts.append((fmt.sample_key(stored + chunk["stored"]), data))
-                chunk["stored"] += 1
-                chunk["bytes"] += len(data)
-                chunk["labels"].append(label)
-                chunk["crc32"].append(zlib.crc32(data))
-                chunk["encoding"].append(encoding)
-                chunk["stored_as"].append(stored_as)
-                chunk["reasons"].append(reason)
-                chunk["paths"].append(rel)
+                puts.append((fmt.sample_key(stored + chunk.stored), data))
+                chunk.add(label=label, crc32=zlib.crc32(data), encoding=encoding, stored_as=stored_as,
+                          reason=reason, path=rel, nbytes=len(data))
             else:
                 reason = value[1] if ok else value
-                chunk["skipped"].append({"relpath": rel, "reason": reason})
-                bar.set_postfix(skipped=sum(len(c["skipped"]) for c in chunks) + len(chunk["skipped"]))
+                chunk.skipped.append({"relpath": rel, "reason": reason})
+                bar.set_postfix(skipped=sum(len(c.skipped) for c in chunks) + len(chunk.skipped))
                 if options.strict:
-                    chunk["consumed"] -= 1  # the bad file is not consumed: fix it and rerun
-                    chunk["skipped"].pop()
+                    chunk.consumed -= 1  # the bad file is not consumed: fix it and rerun
+                    chunk.skipped.pop()
                     flush()
                     raise ConvertError(
                         f"{src.abspath(rel)}: {reason}\n(--strict stops at the first bad file; the "
@@ -427,13 +310,8 @@ def _run(env, path: Path, src: Source, order: list[int], options: ConvertOptions
                         "rerun the same command, or drop --strict to skip bad files and report them."
                     )
             bar.update()
-            if chunk["stored"] >= options.chunk_size or chunk["bytes"] >= _CHUNK_BYTES:
+            if chunk.stored >= options.chunk_size or chunk.bytes >= _CHUNK_BYTES:
                 flush()
         flush()
     finally:
         bar.close()
-
-
-def _new_chunk(n: int) -> dict[str, Any]:
-    return {"n": n, "consumed": 0, "stored": 0, "bytes": 0, "labels": [], "crc32": [], "encoding": [],
-            "stored_as": [], "reasons": [], "paths": [], "skipped": []}

@@ -273,7 +273,7 @@ class DynamicBatcher:
         try:
             return from_bytes(data) if from_bytes is not None else self.preprocess(data)
         except Exception as exc:
-            from fastload.pack.normalize import BadImage
+            from fastload.image.policy import BadImage
 
             reason = str(exc) if isinstance(exc, BadImage) else f"{type(exc).__name__}: {exc}"
             raise CorruptSampleError(f"cannot decode the request body as an image: {reason}") from exc

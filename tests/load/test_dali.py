@@ -17,7 +17,7 @@ from torchvision.datasets import ImageFolder
 from fastload.errors import CorruptSampleError, MissingDependencyError
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.transforms import EvalTransform, normalize
-from fastload.pack import format as fmt
+from fastload.store import format as fmt
 
 dali = pytest.mark.dali
 gpu = pytest.mark.gpu

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 from fastload.errors import CorruptSampleError, IncompleteStoreError, NotAStoreError, StoreVersionError, \
     TooManyCorruptSamplesError
 from fastload.load.dataset import LMDBImageDataset
-from fastload.pack import format as fmt
+from fastload.store import format as fmt
+from fastload.store import reader
 
 
 def pixel_crc(img) -> int:
@@ -39,11 +40,11 @@ def put(store, key: bytes, value: bytes) -> None:
 
 def open_handles(store) -> int:
     key = os.path.realpath(store)
-    return sum(1 for k, (pid, _) in fmt._ENVS.items() if k == key and pid == os.getpid())
+    return sum(1 for k, (pid, _) in reader._ENVS.items() if k == key and pid == os.getpid())
 
 
 def test_constructor_opens_no_handle_and_pickles(tiny_store):
-    fmt.release_env(tiny_store)
+    reader.release(tiny_store)
     ds = LMDBImageDataset(tiny_store)
     assert open_handles(tiny_store) == 0
     ds[0]

@@ -120,7 +120,7 @@ def test_normalize_equals_totensor_normalize():
 
 @pytest.mark.parametrize("backend", ["auto", "full-decode"])
 def test_region_decode_equals_crop_of_full_decode(backend, monkeypatch):
-    import fastload.load.decode as dec
+    import fastload.image.fast as dec
 
     if backend == "full-decode":
         monkeypatch.setattr(dec, "_region_decoder", lambda: None)
@@ -134,8 +134,8 @@ def test_region_decode_equals_crop_of_full_decode(backend, monkeypatch):
 
 
 def test_region_decode_of_corrupt_jpeg_raises_badimage():
-    from fastload.load.decode import decode_rgb_region
-    from fastload.pack.normalize import BadImage
+    from fastload.image.fast import decode_rgb_region
+    from fastload.image.policy import BadImage
 
     data = jpeg_bytes(photo(64, 64))
     with pytest.raises(BadImage):

@@ -3,7 +3,7 @@
 import ctypes
 import os
 
-from fastload.pack.normalize import prepare_file as real
+from fastload.image.policy import prepare_file as real
 
 
 def prepare_file(path: str, options: dict):

@@ -18,9 +18,10 @@ from torchvision.datasets import ImageFolder
 
 from fastload.errors import ConvertError, IncompleteStoreError, SourceError
 from fastload.load.dataset import LMDBImageDataset
-from fastload.pack import format as fmt
+from fastload.store import format as fmt
 from fastload.pack.convert import ConvertOptions, convert
-from fastload.pack.normalize import decode_rgb
+from fastload.image.policy import decode_rgb
+from fastload.store.reader import load_store_metas
 from helpers import bad_files, copy_tree, photo, plain_images, special_images
 
 QUIET = dict(progress=False, workers=2)
@@ -125,7 +126,7 @@ def test_special_images_are_normalised_to_what_a_user_sees(tmp_path, name):
     report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
     assert report.stored == 2 and not report.skipped
     assert sum(report.normalised.values()) == 1
-    meta = fmt.load_store_metas(tmp_path / "out")[0]
+    meta = load_store_metas(tmp_path / "out")[0]
     i = meta.paths.index(f"a/{name}")
     assert fmt.STORED_AS[meta.stored_as[i]] == "normalised"
     ds = LMDBImageDataset(tmp_path / "out")
@@ -238,25 +239,25 @@ def test_different_source_or_options_on_existing_store_is_an_error(tmp_path, tin
 
 def _partial_store(src: Path, dst: Path, n_chunks: int = 2) -> None:
     """Commit ``n_chunks`` chunks of a conversion, then stop as a crash would."""
-    import fastload.pack.convert as conv
+    from fastload.store.writer import StoreWriter
 
     opts = ConvertOptions(chunk_size=3, **QUIET)
-    real_commit = conv._commit
+    real_commit = StoreWriter.commit
     calls = {"n": 0}
 
-    def commit(env, puts, deletes, **kw):
+    def commit(self, puts, deletes=(), **kw):
         if any(k.startswith(fmt.CHUNK_PREFIX) for k, _ in puts):
             if calls["n"] == n_chunks:
                 raise KeyboardInterrupt  # "crash" before the next chunk is committed
             calls["n"] += 1
-        return real_commit(env, puts, deletes, **kw)
+        return real_commit(self, puts, deletes, **kw)
 
-    conv._commit = commit
+    StoreWriter.commit = commit
     try:
         with pytest.raises(KeyboardInterrupt):
             convert(src, dst, opts)
     finally:
-        conv._commit = real_commit
+        StoreWriter.commit = real_commit
 
 
 def test_incomplete_store_refuses_other_source_and_options(tmp_path, tiny_tree):
@@ -341,7 +342,7 @@ def test_max_side_reencodes_large_images(tmp_path, tiny_tree):
     report = convert(tiny_tree, tmp_path / "out", ConvertOptions(max_side=100, quality=85, **QUIET))
     ds = LMDBImageDataset(tmp_path / "out")
     assert report.reencoded > 0
-    meta = fmt.load_store_metas(tmp_path / "out")[0]
+    meta = load_store_metas(tmp_path / "out")[0]
     for i in range(len(ds)):
         img = ds[i][0]
         with Image.open(tiny_tree / ds.samples[i][0]) as src:

@@ -12,7 +12,7 @@ import lmdb
 import pytest
 
 from fastload.datasets import DatasetSpec, make_dataset
-from fastload.pack import format as fmt
+from fastload.store import format as fmt
 
 
 def records(path):

@@ -3,9 +3,9 @@
 Owns: turning stored bytes into an HWC ``uint8`` RGB array or a PIL image, with the JPEG
 fast path (libjpeg-turbo through ``simplejpeg``, with DCT-domain downscaling by 1/2, 1/4
 or 1/8 when the caller says how small the result may be) and the reference decoder
-(``pack.normalize``: Pillow, EXIF orientation, 16-bit, CMYK, alpha, bombs) for every other
-format and for any JPEG the fast decoder refuses. Failures raise ``CorruptSampleError``
-naming the sample when the caller gives its name.
+(``policy.py``: Pillow, EXIF orientation, 16-bit, CMYK, alpha, bombs) for every other
+format and for any JPEG the fast decoder refuses. Failures raise ``BadImage``; readers
+turn it into ``CorruptSampleError`` naming the sample (``policy.sample_error``).
 
 Why simplejpeg: it is libjpeg-turbo's TurboJPEG API in a self-contained wheel. On this
 project's 2-core reference machine it decodes an ImageNet-sized JPEG in ~0.85 ms against
@@ -23,23 +23,36 @@ regions are decoded with it (bit-identical to cropping simplejpeg's full decode,
 time for a 60%×60% region here); otherwise the full image is decoded and sliced.
 ``jpeg_backend()`` says which is in use.
 
+Threads: every function here may be called from many threads at once. simplejpeg and
+Pillow keep no shared decoder state; nvImageCodec's decoder is not safe to share, so each
+thread gets its own (``threading.local``). A region decode that nvImageCodec cannot do
+falls back to a full decode and is counted (``fallback_counts()``, shown by ``doctor``).
+
 Must not: apply augmentation (``transforms.py``) or know about batches.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import threading
 
 import numpy as np
 from PIL import Image
 
-from fastload.errors import CorruptSampleError
-from fastload.pack.normalize import DEFAULT_MAX_PIXELS, BadImage, decode_rgb, open_image, sniff, to_rgb
+from fastload.image.policy import DEFAULT_MAX_PIXELS, BadImage, decode_rgb, open_image, sniff, to_rgb
 
-__all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "corrupt", "jpeg_backend"]
+__all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "jpeg_backend", "fallback_counts"]
+
+log = logging.getLogger("fastload")
 
 _SCALES = (8, 4, 2)  # denominators of the DCT scales tried, smallest image first
-_NVIMGCODEC: dict[int, object] = {}  # pid -> (module, decoder, params) or None: made once per process
+# nvImageCodec decoders are not safe to share between threads (two threads on one decoder
+# returned empty images and corrupted the heap), so each thread makes its own; the pid
+# check drops a decoder inherited through fork.
+_LOCAL = threading.local()
+_FALLBACKS = {"region": 0}  # region decodes that fell back to a full decode (counted, not locked: approximate)
 
 
 def _simplejpeg():
@@ -49,21 +62,28 @@ def _simplejpeg():
 
 
 def _region_decoder():
-    """This process's nvImageCodec CPU decoder, or None when nvImageCodec is not installed."""
-    import os
-
+    """This thread's nvImageCodec CPU decoder, or None when nvImageCodec is not installed."""
     pid = os.getpid()
-    if pid not in _NVIMGCODEC:
-        try:
-            from nvidia import nvimgcodec as nv
+    if getattr(_LOCAL, "pid", None) != pid:
+        _LOCAL.pid, _LOCAL.decoder = pid, _make_region_decoder()
+    return _LOCAL.decoder
 
-            dec = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
-                             backends=[nv.Backend(nv.BackendKind.CPU_ONLY)])
-            params = nv.DecodeParams(color_spec=nv.ColorSpec.SRGB, apply_exif_orientation=False)
-            _NVIMGCODEC[pid] = (nv, dec, params)
-        except Exception:  # not installed, or unusable here: slice a full decode instead
-            _NVIMGCODEC[pid] = None
-    return _NVIMGCODEC[pid]
+
+def _make_region_decoder():
+    try:
+        from nvidia import nvimgcodec as nv
+
+        dec = nv.Decoder(device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY, max_num_cpu_threads=1,
+                         backends=[nv.Backend(nv.BackendKind.CPU_ONLY)])
+        params = nv.DecodeParams(color_spec=nv.ColorSpec.SRGB, apply_exif_orientation=False)
+        return nv, dec, params
+    except Exception:  # not installed, or unusable here: slice a full decode instead
+        return None
+
+
+def fallback_counts() -> dict[str, int]:
+    """How often, in this process, a region decode fell back to decoding the whole image."""
+    return dict(_FALLBACKS)
 
 
 def jpeg_backend() -> str:
@@ -144,21 +164,13 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
             arr = np.asarray(img.cpu())
             if arr.shape == (height, width, 3):
                 return arr
+        _FALLBACKS["region"] += 1
+        if _FALLBACKS["region"] == 1:
+            log.debug("nvImageCodec region decode failed; decoding the whole image instead (counted in "
+                      "fastload.image.fast.fallback_counts())")
     return decode_rgb_fast(data)[top:top + height, left:left + width]
 
 
 def decode_pil(data: bytes) -> Image.Image:
     """Reference decode to a PIL RGB image, exactly what ``ImageFolder`` + EXIF would give."""
     return to_rgb(open_image(data))
-
-
-def corrupt(store: object, index: int, relpath: str | None, exc: BaseException) -> CorruptSampleError:
-    """The error for sample ``index`` of ``store`` failing to decode."""
-    name = f" ({relpath})" if relpath else ""
-    reason = str(exc) if isinstance(exc, BadImage) else f"{type(exc).__name__}: {exc}"
-    return CorruptSampleError(
-        f"{store}: sample {index}{name} failed to decode: {reason}\n"
-        f"HINT: run `fastload verify {store}` to list every bad sample; on_error='skip' "
-        "skips bad samples instead of raising.",
-        index=index, relpath=relpath,
-    )

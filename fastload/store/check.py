@@ -1,21 +1,13 @@
-"""Reading a store: lazy per-process LMDB handles, ``inspect`` and ``verify``.
+"""Checking a store: ``inspect_store`` (what it holds) and ``verify_store`` (re-read everything).
 
-Owns: ``StoreReader`` (one store or a directory of shards seen as one index space, each
-environment opened on first use in the process that uses it: ``readonly=True,
-lock=False``, re-opened after ``fork``, never pickled), ``inspect_store`` and
-``verify_store``.
+Owns: the tools a user runs on a finished store. Verification re-reads every record in
+spawned processes (crash-isolated from the caller), checks checksums and decodes.
 
-LMDB forbids using an environment across ``fork()``, and py-lmdb refuses to open one
-twice in a process. DataLoader workers fork (or spawn) after the dataset was built in the
-parent, so handles live in ``format``'s per-process table keyed by path and checked
-against ``os.getpid()``; a reader holds only the key, so it pickles without a handle.
-
-Must not: decode for training (that is ``decode.py`` / ``transforms.py``) or write.
+Must not: be imported by the hot read path (``reader.py``), or write.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import zlib
@@ -25,63 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from fastload.errors import IncompleteStoreError, NotAStoreError
-from fastload.pack import format as fmt
+from fastload.errors import IncompleteStoreError
+from fastload.store.reader import StoreReader, load_store_metas
 
-__all__ = ["StoreReader", "inspect_store", "verify_store", "VerifyReport"]
-
-
-class StoreReader:
-    """Random access to the records of a store or shard set, safe across fork and pickling."""
-
-    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = False) -> None:
-        self.path = Path(path)
-        self.metas = fmt.load_store_metas(self.path)
-        self.readahead = readahead
-        self.offsets = np.cumsum([0] + [m.count for m in self.metas]).tolist()
-        self.classes = self.metas[0].classes
-        self.labels = np.concatenate([m.labels for m in self.metas]).astype(np.int64)
-        self.paths = [p for m in self.metas for p in m.paths]
-        self.crc32 = np.concatenate([m.crc32 for m in self.metas])
-        self.encoding = np.concatenate([m.encoding for m in self.metas])
-        self._keys = [os.path.realpath(m.path) for m in self.metas]
-
-    def __len__(self) -> int:
-        return self.offsets[-1]
-
-    def _env(self, shard: int):
-        hit = fmt._ENVS.get(self._keys[shard])  # hot path: one dict lookup per read
-        if hit is not None and hit[0] == os.getpid():
-            return hit[1]
-        return fmt.open_env_readonly(self.metas[shard].path, readahead=self.readahead)
-
-    def close(self) -> None:
-        """Close this process's handles on the store (they reopen on next use)."""
-        for m in self.metas:
-            fmt.release_env(m.path)
-
-    def locate(self, index: int) -> tuple[int, int]:
-        """``(shard, index within shard)`` of a global index."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"{self.path}: index {index} out of range for {len(self)} samples")
-        shard = bisect.bisect_right(self.offsets, index) - 1
-        return shard, index - self.offsets[shard]
-
-    def get(self, index: int) -> bytes:
-        """The stored bytes of sample ``index``."""
-        shard, local = self.locate(index)
-        with self._env(shard).begin(buffers=False) as txn:
-            data = txn.get(fmt.sample_key(local))
-        if data is None:
-            raise NotAStoreError(f"{self.path}: sample {index} ({self.paths[index]}) is missing from the store.")
-        return data
+__all__ = ["inspect_store", "verify_store", "VerifyReport", "report_json"]
 
 
 def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     """What a store holds: counts, classes, bytes, encodings, options, completeness."""
     path = Path(path)
     try:
-        metas = fmt.load_store_metas(path)
+        metas = load_store_metas(path)
     except IncompleteStoreError as exc:
         return {"path": str(path), "complete": False, "problem": str(exc)}
     labels = np.concatenate([m.labels for m in metas])
@@ -123,7 +69,7 @@ class VerifyReport:
 
 def _verify_range(args: tuple[str, int, int, bool]) -> list[tuple[int, str, str]]:
     path, start, stop, decode = args
-    from fastload.load.decode import decode_rgb_fast
+    from fastload.image.fast import decode_rgb_fast
 
     reader = StoreReader(path)
     bad = []

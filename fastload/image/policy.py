@@ -4,9 +4,10 @@ Owns: recognising formats, the reference decode (Pillow: the RGB image a user wo
 EXIF orientation applied), the decompression-bomb limit, and the rule that decides
 whether a file's original bytes can be stored as-is or must be normalised.
 
-This lives in ``pack/`` (not ``load/decode.py``) because conversion needs it and rooms only
-import from their left; ``load/decode.py`` imports it for its fallback path, so there is
-still one policy for the whole project.
+This is the ``image/`` room, below ``store/``, ``pack/`` and ``load/``: conversion uses it to
+decide what to store, ``fast.py`` falls back to it, and every reader turns its
+``BadImage`` into a ``CorruptSampleError`` with ``sample_error``; there is one policy for
+the whole project.
 
 Store as-is rule. Decoders (Pillow, ``torchvision.io``, simplejpeg, DALI CPU and nvJPEG)
 agree on the pixels of a plain 8-bit RGB or grayscale JPEG (baseline, extended or
@@ -17,7 +18,7 @@ alpha dropped as ``Image.convert("RGB")`` drops it, 16-bit scaled by keeping the
 byte) and re-encoded, JPEG sources as JPEG quality 95 with 4:4:4 chroma, everything else
 as lossless PNG.
 
-Must not: import torch or anything from ``load/``.
+Must not: import torch or anything from the rooms above (``store/``, ``pack/``, ``load/``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps
+
+from fastload.errors import CorruptSampleError
 
 #: Pillow's own hard limit (2 × ``Image.MAX_IMAGE_PIXELS``): nothing Pillow accepts is refused.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
@@ -275,3 +278,15 @@ def prepare_file(path: str, options: dict) -> tuple:
     except BadImage as exc:
         return ("bad", str(exc))
     return ("ok", p.data, p.encoding, p.stored_as, p.reason)
+
+
+def sample_error(store: object, index: int, relpath: str | None, exc: BaseException) -> CorruptSampleError:
+    """The error for sample ``index`` of ``store`` failing to decode."""
+    name = f" ({relpath})" if relpath else ""
+    reason = str(exc) if isinstance(exc, BadImage) else f"{type(exc).__name__}: {exc}"
+    return CorruptSampleError(
+        f"{store}: sample {index}{name} failed to decode: {reason}\n"
+        f"HINT: run `fastload verify {store}` to list every bad sample; on_error='skip' "
+        "skips bad samples instead of raising.",
+        index=index, relpath=relpath,
+    )

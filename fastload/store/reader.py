@@ -1,0 +1,198 @@
+"""Reading a store: the per-process LMDB handle cache and ``StoreReader``.
+
+Owns: opening stores read-only (``readonly=True, lock=False, readahead=False`` by
+default), one handle per store per process, reopened after ``fork`` and never pickled;
+reading and checking the metadata record (``read_meta``, ``load_store_metas``); and
+``StoreReader``, random access to the records of a store or a shard set seen as one index
+space.
+
+LMDB forbids using an environment across ``fork()``, and py-lmdb refuses to open one
+twice in a process. DataLoader workers fork (or spawn) after the dataset was built in the
+parent, so handles live in a per-process table keyed by path and checked against
+``os.getpid()``; a reader holds only the key, so it pickles without a handle.
+
+Must not: decode images, write, or start processes (``check.py`` verifies in a pool).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastload.errors import IncompleteStoreError, NotAStoreError, StoreVersionError
+from fastload.store import format as fmt
+
+__all__ = ["StoreReader", "open_readonly", "release", "briefly", "read_meta", "load_store_metas"]
+
+_ENVS: dict[str, tuple[int, Any]] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def open_readonly(path: str | os.PathLike[str], *, readahead: bool = False):
+    """The process-wide read-only environment of one store (``readonly=True, lock=False``).
+
+    LMDB allows one open of an environment per process (py-lmdb refuses a second), so
+    every reader in a process shares one handle per store, opened on first use. Handles
+    inherited through ``fork`` belong to the parent and are never used: the child opens
+    its own. ``readahead=False`` by default: OS readahead makes random reads of a store
+    larger than RAM pull in pages that are never used (README, "Readahead"); the first
+    open in a process decides it.
+    """
+    key = os.path.realpath(path)
+    hit = _ENVS.get(key)
+    if hit is not None and hit[0] == os.getpid():
+        return hit[1]
+    with _ENVS_LOCK:
+        hit = _ENVS.get(key)
+        if hit is not None and hit[0] == os.getpid():
+            return hit[1]
+        if hit is not None:
+            # Inherited through fork. py-lmdb still counts it as open in this process and
+            # refuses a new open until it is closed; closing the child's copy (lock=False:
+            # no lock file, no shared reader slot) leaves the parent's handle untouched.
+            hit[1].close()
+        env = _lmdb_open(Path(path), readahead)
+        _ENVS[key] = (os.getpid(), env)
+        return env
+
+
+def release(path: str | os.PathLike[str]) -> None:
+    """Close this process's read handle on ``path`` (before writing to it); reopened on next use."""
+    with _ENVS_LOCK:
+        hit = _ENVS.pop(os.path.realpath(path), None)
+    if hit is not None and hit[0] == os.getpid():
+        hit[1].close()
+
+
+@contextlib.contextmanager
+def briefly(path: str | os.PathLike[str]) -> Iterator[Any]:
+    """This process's shared handle if it has one, else a handle closed again on exit."""
+    hit = _ENVS.get(os.path.realpath(path))
+    if hit is not None and hit[0] == os.getpid():
+        yield hit[1]
+        return
+    env = _lmdb_open(Path(path), False)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def _lmdb_open(path: Path, readahead: bool):
+    import lmdb
+
+    if not path.exists():
+        raise NotAStoreError(f"{path} does not exist.\nHINT: create a store with `fastload convert SRC {path}`.")
+    if not fmt.is_store_dir(path):
+        raise NotAStoreError(
+            f"{path} is not a fastload store (no data.mdb inside).\n"
+            f"HINT: create one with `fastload convert SRC {path}`."
+        )
+    try:
+        return lmdb.open(str(path), readonly=True, lock=False, readahead=readahead,
+                         max_readers=2048, subdir=True, meminit=False, max_spare_txns=2)
+    except lmdb.Error as exc:
+        raise NotAStoreError(f"{path}: cannot open as LMDB: {exc}") from exc
+
+
+def read_meta(env, path: Path) -> fmt.StoreMeta:
+    """Read and check the metadata of an open store; raise a clear error if it is unusable."""
+    with env.begin(buffers=False) as txn:
+        raw = txn.get(fmt.META_KEY)
+        if raw is None:
+            build = txn.get(fmt.BUILD_KEY)
+            if build is None:
+                raise NotAStoreError(f"{path} is an LMDB environment but not a fastload store (no ~meta record).")
+            done = sum(json.loads(v)["stored"] for k, v in txn.cursor() if k.startswith(fmt.CHUNK_PREFIX))
+            raise IncompleteStoreError(
+                f"{path} is incomplete: its conversion stopped after {done} samples and never "
+                "wrote the metadata record.\nHINT: rerun the same `fastload convert` command to "
+                "resume it; it continues where it stopped."
+            )
+        header = json.loads(raw)
+        if header.get("format") != fmt.FORMAT_NAME:
+            raise NotAStoreError(f"{path}: unknown store format {header.get('format')!r}.")
+        if int(header.get("version", 0)) > fmt.FORMAT_VERSION:
+            raise StoreVersionError(
+                f"{path} was written with store format version {header['version']}; this fastload "
+                f"reads versions up to {fmt.FORMAT_VERSION}.\nHINT: pip install --upgrade fastload"
+            )
+        arrays = {name: fmt.decode_array(txn.get(fmt.array_key(name))) for name in fmt.META_ARRAYS}
+        paths = fmt.decode_paths(txn.get(fmt.PATHS_KEY), int(header["count"]))
+    return fmt.StoreMeta(path=path, header=header, paths=paths, **arrays)
+
+
+def load_store_metas(path: str | os.PathLike[str]) -> list[fmt.StoreMeta]:
+    """Metadata of the store at ``path``: one entry, or one per shard of a shard directory."""
+    path = Path(path)
+    shards = [] if fmt.is_store_dir(path) else fmt.find_shards(path)
+    if shards:
+        fmt.check_shard_set(path, shards)
+    metas = []
+    for p in shards or [path]:
+        with briefly(p) as env:  # constructors open nothing that outlives them
+            metas.append(read_meta(env, p))
+    if len(metas) > 1:
+        first = metas[0]
+        for m in metas[1:]:
+            same_source = m.header["source"]["fingerprint"] == first.header["source"]["fingerprint"]
+            if m.classes != first.classes or not same_source:
+                raise NotAStoreError(
+                    f"{path}: {m.path.name} was converted from a different source than {first.path.name}.")
+    return metas
+
+
+class StoreReader:
+    """Random access to the records of a store or shard set, safe across fork and pickling."""
+
+    def __init__(self, path: str | os.PathLike[str], *, readahead: bool = False) -> None:
+        self.path = Path(path)
+        self.metas = load_store_metas(self.path)
+        self.readahead = readahead
+        self.offsets = np.cumsum([0] + [m.count for m in self.metas]).tolist()
+        self.classes = self.metas[0].classes
+        self.labels = np.concatenate([m.labels for m in self.metas]).astype(np.int64)
+        self.paths = [p for m in self.metas for p in m.paths]
+        self.crc32 = np.concatenate([m.crc32 for m in self.metas])
+        self.encoding = np.concatenate([m.encoding for m in self.metas])
+        self._keys = [os.path.realpath(m.path) for m in self.metas]
+
+    def __len__(self) -> int:
+        return self.offsets[-1]
+
+    def _env(self, shard: int):
+        hit = _ENVS.get(self._keys[shard])  # hot path: one dict lookup per read
+        if hit is not None and hit[0] == os.getpid():
+            return hit[1]
+        return open_readonly(self.metas[shard].path, readahead=self.readahead)
+
+    def close(self) -> None:
+        """Close this process's handles on the store (they reopen on next use)."""
+        for m in self.metas:
+            release(m.path)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard, index within shard)`` of a global index."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"{self.path}: index {index} out of range for {len(self)} samples")
+        shard = bisect.bisect_right(self.offsets, index) - 1
+        return shard, index - self.offsets[shard]
+
+    def get(self, index: int) -> bytes:
+        """The stored bytes of sample ``index``."""
+        shard, local = self.locate(index)
+        with self._env(shard).begin(buffers=False) as txn:
+            data = txn.get(fmt.sample_key(local))
+        if data is None:
+            raise NotAStoreError(f"{self.path}: sample {index} ({self.paths[index]}) is missing from the store.")
+        return data
+
+

@@ -1,0 +1,187 @@
+"""Writing a store: open for writing, commit chunks, read the resume state, finalise.
+
+Owns: the write side of the on-disk contract (``format.py``). ``StoreWriter`` opens (or
+creates) one store directory, refuses one that is not a store, commits each chunk of
+samples with its ``ChunkRecord`` in one transaction (doubling the LMDB map whenever it is
+full), reads back what earlier runs committed so a conversion can resume, and writes the
+metadata record **last**, in the same transaction that deletes the chunk records: a store
+without it is incomplete for every reader, never silently short.
+
+Errors that come from the disk (full, read-only, a file-size limit) become
+``ConvertError`` with a HINT saying which, and that rerunning resumes.
+
+Must not: read sources, decode images, or know about torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastload.errors import ConvertError
+from fastload.store import format as fmt
+from fastload.store.reader import release
+
+__all__ = ["StoreWriter", "ResumeState", "STORE_FILES"]
+
+#: Files a store directory may hold besides dot-files (``report.json`` is the conversion's report).
+STORE_FILES = frozenset({"data.mdb", "lock.mdb", "report.json"})
+
+
+def io_hint(exc: BaseException, path: Path) -> str:
+    """A HINT line for an I/O failure: full disk, file-size limit, or an unwritable folder."""
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code in (errno.EACCES, errno.EPERM, errno.EROFS) or "ermission" in text or "ead-only" in text:
+        return "HINT: the folder is not writable: fix its permissions or choose another DST."
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or any(
+            w in text for w in ("space", "too large", "Input/output")):
+        # LMDB reports a short write (disk full, file-size limit) as EIO.
+        import resource
+        import shutil
+
+        where = []
+        try:
+            where.append(f"{shutil.disk_usage(path).free / 1e6:,.0f} MB free on its filesystem")
+        except OSError:
+            pass
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        if limit != resource.RLIM_INFINITY:
+            where.append(f"a file-size limit (ulimit -f) of {limit:,} bytes")
+        return ("HINT: the disk (or a file-size limit) is full" + (f" ({'; '.join(where)})" if where else "")
+                + ": free space, then rerun the same command to resume.")
+    return "HINT: rerun the same command to resume once the cause is fixed."
+
+
+@dataclass
+class ResumeState:
+    """What a store directory already holds: the finished header, the build record, the chunks."""
+
+    meta: dict[str, Any] | None
+    build: dict[str, Any] | None
+    chunks: list[fmt.ChunkRecord]
+
+
+class StoreWriter:
+    """The one writer of one store directory (a context manager; ``close()`` releases it).
+
+    Args:
+        path: the store directory (created if missing).
+        map_size: the first LMDB map size in bytes; it doubles whenever it is full.
+
+    Raises:
+        ConvertError: ``path`` is a file, a folder that is not a store, or cannot be opened
+            for writing (the message says why and what to do).
+    """
+
+    def __init__(self, path: Path, *, map_size: int) -> None:
+        import lmdb
+
+        self.path = path
+        if path.exists() and not path.is_dir():
+            raise ConvertError(f"{path} exists and is a file; DST must be a new or empty folder or a fastload store.")
+        if path.is_dir():
+            foreign = [p.name for p in path.iterdir() if p.name not in STORE_FILES and not p.name.startswith(".")]
+            if foreign and not fmt.is_store_dir(path):
+                raise ConvertError(
+                    f"{path} exists and is not a fastload store (it holds {', '.join(sorted(foreign)[:3])}...).\n"
+                    "HINT: DST must be a new or empty folder; nothing was written."
+                )
+        release(path)  # a read handle of this process on DST would refuse the writer
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self.env = lmdb.open(str(path), map_size=map_size, subdir=True, readonly=False, lock=True,
+                                 sync=True, metasync=True, meminit=False, max_dbs=0)
+        except (OSError, lmdb.Error) as exc:
+            raise ConvertError(f"cannot open {path} for writing: {exc}\n{io_hint(exc, path)}") from exc
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.env.close()
+
+    def commit(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] = (), *, committed: int) -> None:
+        """Write one transaction, doubling the map as often as needed.
+
+        ``committed`` (samples already in the store) only goes into the error message.
+        """
+        import lmdb
+
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    for k, v in puts:
+                        txn.put(k, v)
+                    for k in deletes:
+                        txn.delete(k)
+                return
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.Error as exc:
+                raise ConvertError(
+                    f"{self.path}: writing failed after {committed} committed samples: {exc}. Everything "
+                    f"committed is kept.\n{io_hint(exc, self.path)}"
+                ) from exc
+
+    def resume_state(self) -> ResumeState:
+        """What earlier runs committed here."""
+        with self.env.begin() as txn:
+            meta = txn.get(fmt.META_KEY)
+            build = txn.get(fmt.BUILD_KEY)
+            chunks = [fmt.ChunkRecord.from_bytes(v) for k, v in txn.cursor() if k.startswith(fmt.CHUNK_PREFIX)]
+            has_samples = txn.get(fmt.sample_key(0)) is not None
+        if meta is None and build is None and has_samples:
+            raise ConvertError(f"{self.path} is an LMDB environment that fastload did not write; choose another DST.")
+        chunks.sort(key=lambda c: c.n)
+        return ResumeState(json.loads(meta) if meta else None, json.loads(build) if build else None, chunks)
+
+    def start(self, build: dict[str, Any]) -> None:
+        """Write the build record (first transaction of a new conversion)."""
+        self.commit([(fmt.BUILD_KEY, json.dumps(build, sort_keys=True).encode())], committed=0)
+
+    def commit_chunk(self, chunk: fmt.ChunkRecord, samples: list[tuple[bytes, bytes]], *, committed: int) -> None:
+        """The chunk's samples and its record, in one transaction."""
+        self.commit(samples + [(fmt.chunk_key(chunk.n), chunk.to_bytes())], committed=committed)
+
+    def finalize(self, build: dict[str, Any], chunks: list[fmt.ChunkRecord], *, classes: list[str],
+                 source: dict[str, Any]) -> dict[str, Any]:
+        """Write the metadata record and drop the chunk records, in one transaction; returns the header."""
+        chunks = sorted(chunks, key=lambda c: c.n)
+        labels = np.array([x for c in chunks for x in c.labels], dtype=np.int64)
+        crc = np.array([x for c in chunks for x in c.crc32], dtype=np.uint32)
+        enc = np.array([fmt.ENCODINGS.index(x) for c in chunks for x in c.encoding], dtype=np.uint8)
+        stored_as = np.array([fmt.STORED_AS.index(x) for c in chunks for x in c.stored_as], dtype=np.uint8)
+        paths = [p for c in chunks for p in c.paths]
+        reasons = Counter(r for c in chunks for r, s in zip(c.reasons, c.stored_as) if s == "normalised")
+        header = {
+            "format": fmt.FORMAT_NAME,
+            "version": fmt.FORMAT_VERSION,
+            "count": len(labels),
+            "classes": classes,
+            "source": source,
+            "options": build["options"],
+            "skipped": [s for c in chunks for s in c.skipped],
+            "normalised": dict(sorted(reasons.items())),
+            "encodings": {name: int((enc == i).sum()) for i, name in enumerate(fmt.ENCODINGS)},
+            "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
+            "bytes": int(sum(c.bytes for c in chunks)),
+        }
+        puts = [(fmt.array_key("labels"), fmt.encode_array(labels)),
+                (fmt.array_key("crc32"), fmt.encode_array(crc)),
+                (fmt.array_key("encoding"), fmt.encode_array(enc)),
+                (fmt.array_key("stored_as"), fmt.encode_array(stored_as)),
+                (fmt.PATHS_KEY, fmt.encode_paths(paths)),
+                (fmt.META_KEY, json.dumps(header, sort_keys=True).encode())]
+        deletes = [fmt.chunk_key(c.n) for c in chunks] + [fmt.BUILD_KEY]
+        self.commit(puts, deletes, committed=len(labels))
+        return header
