@@ -1,15 +1,16 @@
-"""How many CPUs this process may really use: affinity mask and cgroup CPU quota.
+"""What this process has: the CPUs it may really use (affinity mask, cgroup CPU quota),
+which device ``"auto"`` means, and whether DALI is installed.
 
-An edge module like ``errors.py``: both ``pack/`` (conversion workers) and ``load/``
-(``auto_num_workers``) need it, and rooms import only from their left, so it sits outside
-the rooms.
+An edge module like ``errors.py``: ``pack/`` (conversion workers), ``load/``
+(``auto_num_workers``, DALI), ``measure/`` and ``serve/`` all need these answers, and each
+is written once, here.
 
 ``os.cpu_count()`` reports the machine's CPUs; a process pinned by ``taskset``, Slurm or
 Kubernetes may use fewer (``os.sched_getaffinity``), and a container may be throttled to
 a fraction of them by a CFS quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
 ``cpu.cfs_period_us``). Spawning more workers than that only adds context switches.
 
-Must not: import torch.
+Must not: import torch at module level (``resolve_device`` imports it when called).
 """
 
 from __future__ import annotations
@@ -19,7 +20,39 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuBudget", "cpu_budget", "available_cpus", "cgroup_cpu_quota"]
+__all__ = ["CpuBudget", "cpu_budget", "available_cpus", "cgroup_cpu_quota", "resolve_device", "dali_available",
+           "DALI_INSTALL_HINT"]
+
+DALI_INSTALL_HINT = ("pip install 'fastload[dali]'   (nvidia-dali-cuda130, matching torch's CUDA 13 build; "
+                     "CPU mode works without a GPU)")
+
+
+def dali_available() -> bool:
+    """Whether NVIDIA DALI is importable here (checked without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def resolve_device(name=None, *, what: str = "device"):
+    """``"auto"``/None → cuda when a CUDA device is usable, else cpu; ``"cuda"`` without one is an error.
+
+    Accepts a ``torch.device`` or a string such as ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
+
+    Raises:
+        ValueError: CUDA was asked for and none is available (names ``what``).
+    """
+    import torch
+
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{what} is {str(device)!r} but no CUDA device is available here; use 'auto' or 'cpu'.")
+    return device
 
 
 @dataclass(frozen=True)
