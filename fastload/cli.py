@@ -82,8 +82,8 @@ def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, 
         click.echo(f"  skipped {s['relpath']}: {s['reason']}")
     if len(report.skipped) > 20:
         click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
-    for reason, n in report.normalised.items():
-        click.echo(f"  normalised {n}: {reason}")
+    for reason, n in report.canonicalised.items():
+        click.echo(f"  canonicalised {n}: {reason}")
 
 
 @main.command()
@@ -130,8 +130,8 @@ def inspect(store: Path, as_json: bool) -> None:
     click.echo(f"  source    {info['source']['kind']} {info['source']['path']}")
     click.echo(f"  encodings {', '.join(f'{k} {v}' for k, v in info['encodings'].items())}")
     click.echo(f"  stored as {', '.join(f'{k} {v}' for k, v in info['stored_as'].items())}")
-    for reason, n in info["normalised"].items():
-        click.echo(f"    normalised {n}: {reason}")
+    for reason, n in info["canonicalised"].items():
+        click.echo(f"    canonicalised {n}: {reason}")
     opts = info["options"] if isinstance(info["options"], dict) else info["options"][0]
     click.echo("  options   " + ", ".join(f"{k}={v}" for k, v in opts.items() if k not in ("shard_index",)))
     click.echo(f"  classes   {len(info['classes'])}")

@@ -59,7 +59,7 @@ def bomb_png(side: int = 20000) -> bytes:
 
 
 def special_images() -> dict[str, bytes]:
-    """Valid images that decoders disagree on, by name; each must be normalised."""
+    """Valid images that decoders disagree on, by name; each must be canonicalised."""
     base = photo(72, 56, seed=5)
     rgba = base.convert("RGBA")
     rgba.putalpha(128)

@@ -41,7 +41,7 @@ import threading
 import numpy as np
 from PIL import Image
 
-from fastload.image.policy import DEFAULT_MAX_PIXELS, BadImage, decode_rgb, open_image, sniff, to_rgb
+from fastload.image.policy import DEFAULT_MAX_PIXELS, check_pixels, decode_reference, decode_rgb, is_jpeg, open_image, sniff
 
 __all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "jpeg_backend", "fallback_counts"]
 
@@ -118,11 +118,11 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
     Raises:
         BadImage: undecodable bytes (the caller turns it into ``CorruptSampleError``).
     """
-    if data[:3] == b"\xff\xd8\xff":
+    if is_jpeg(data):
         sj = _simplejpeg()
         try:
             h, w = size if size is not None else sj.decode_jpeg_header(data)[:2]
-            _check_pixels(h, w)
+            check_pixels(w, h)
             if min_height or min_width:
                 for d in _SCALES:
                     if math.ceil(h / d) >= min_height and math.ceil(w / d) >= min_width:
@@ -134,13 +134,6 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
     return decode_rgb(data)
 
 
-def _check_pixels(h: int, w: int) -> None:
-    """Refuse decompression bombs before a decoder allocates for them."""
-    if h * w > DEFAULT_MAX_PIXELS:
-        raise BadImage(f"decompression bomb: {w}x{h} = {w * h:,} pixels is over the limit of "
-                       f"{DEFAULT_MAX_PIXELS:,}")
-
-
 def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int) -> np.ndarray:
     """The ``height`` × ``width`` region at (``top``, ``left``) of the image, HWC uint8 RGB.
 
@@ -150,7 +143,7 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
     Raises:
         BadImage: undecodable bytes.
     """
-    nv = _region_decoder() if data[:3] == b"\xff\xd8\xff" else None
+    nv = _region_decoder() if is_jpeg(data) else None
     if nv is not None:
         mod, dec, params = nv
         try:
@@ -173,4 +166,4 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
 
 def decode_pil(data: bytes) -> Image.Image:
     """Reference decode to a PIL RGB image, exactly what ``ImageFolder`` + EXIF would give."""
-    return to_rgb(open_image(data))
+    return decode_reference(data)

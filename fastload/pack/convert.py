@@ -103,7 +103,7 @@ class ConvertReport:
     total: int = 0
     stored: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
-    normalised: dict[str, int] = field(default_factory=dict)
+    canonicalised: dict[str, int] = field(default_factory=dict)
     reencoded: int = 0
     bytes_stored: int = 0
     resumed_from: int = 0
@@ -120,7 +120,7 @@ class ConvertReport:
             return f"{self.dst}: already complete ({self.stored} samples); nothing to do."
         parts = [f"{self.dst}: stored {self.stored} of {self.total} images",
                  f"skipped {len(self.skipped)}",
-                 f"normalised {sum(self.normalised.values())}"]
+                 f"canonicalised {sum(self.canonicalised.values())}"]
         if self.reencoded:
             parts.append(f"re-encoded {self.reencoded}")
         if self.resumed_from:
@@ -248,7 +248,7 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
                                  source=dict(build["source"], count=len(src), fingerprint=src.fingerprint()))
     report.stored = header["count"]
     report.skipped = header["skipped"]
-    report.normalised = header["normalised"]
+    report.canonicalised = header["canonicalised"]
     report.reencoded = header["stored_as"]["reencoded"]
     report.bytes_stored = header["bytes"]
     report.seconds = time.perf_counter() - t0

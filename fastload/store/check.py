@@ -33,7 +33,7 @@ def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     labels = np.concatenate([m.labels for m in metas])
     classes = metas[0].classes
     counts = np.bincount(labels, minlength=len(classes)) if len(labels) else np.zeros(len(classes), int)
-    total: dict[str, Any] = {"encodings": {}, "stored_as": {}, "normalised": {}}
+    total: dict[str, Any] = {"encodings": {}, "stored_as": {}, "canonicalised": {}}
     for m in metas:
         for key in total:
             for k, v in m.header[key].items():

@@ -12,7 +12,7 @@ Layout of one store (an LMDB environment directory):
 * ``~build`` → JSON written by the first transaction of a conversion: format version,
   source fingerprint and the options. Lets a rerun resume, and refuses to mix sources.
 * ``~chunk/<8-byte n>`` → JSON for each committed chunk: what it consumed from the source,
-  and per sample its label, checksum, encoding and why it was normalised. Deleted when the
+  and per sample its label, checksum, encoding and why it was canonicalised. Deleted when the
   store is finished.
 * ``~meta`` → JSON header, plus ``~meta/<name>`` → one ``.npy`` array each (labels,
   crc32, encoding, stored_as) and ``~meta/paths`` (NUL-joined UTF-8 relative paths).
@@ -49,8 +49,8 @@ PATHS_KEY = b"~meta/paths"
 
 #: ``encoding`` codes: what kind of bytes a record holds.
 ENCODINGS = ("jpeg", "png")
-#: ``stored_as`` codes: original bytes, normalised for decoder agreement, re-encoded on request.
-STORED_AS = ("original", "normalised", "reencoded")
+#: ``stored_as`` codes: original bytes, canonicalised for decoder agreement, re-encoded on request.
+STORED_AS = ("original", "canonicalised", "reencoded")
 
 _SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})$")
 

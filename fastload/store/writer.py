@@ -162,7 +162,7 @@ class StoreWriter:
         enc = np.array([fmt.ENCODINGS.index(x) for c in chunks for x in c.encoding], dtype=np.uint8)
         stored_as = np.array([fmt.STORED_AS.index(x) for c in chunks for x in c.stored_as], dtype=np.uint8)
         paths = [p for c in chunks for p in c.paths]
-        reasons = Counter(r for c in chunks for r, s in zip(c.reasons, c.stored_as) if s == "normalised")
+        reasons = Counter(r for c in chunks for r, s in zip(c.reasons, c.stored_as) if s == "canonicalised")
         header = {
             "format": fmt.FORMAT_NAME,
             "version": fmt.FORMAT_VERSION,
@@ -171,7 +171,7 @@ class StoreWriter:
             "source": source,
             "options": build["options"],
             "skipped": [s for c in chunks for s in c.skipped],
-            "normalised": dict(sorted(reasons.items())),
+            "canonicalised": dict(sorted(reasons.items())),
             "encodings": {name: int((enc == i).sum()) for i, name in enumerate(fmt.ENCODINGS)},
             "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
             "bytes": int(sum(c.bytes for c in chunks)),

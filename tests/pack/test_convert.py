@@ -114,21 +114,21 @@ def test_plain_images_are_stored_as_is(tmp_path, name):
     src = write_tree(tmp_path / "src", {name: data})
     report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
     ds = LMDBImageDataset(tmp_path / "out")
-    assert report.normalised == {}
+    assert report.canonicalised == {}
     assert ds.get_bytes(0) == data
     np.testing.assert_array_equal(np.asarray(ds[0][0]), reference(src / "a" / name))
 
 
 @pytest.mark.parametrize("name", sorted(special_images()))
-def test_special_images_are_normalised_to_what_a_user_sees(tmp_path, name):
+def test_special_images_are_canonicalised_to_what_a_user_sees(tmp_path, name):
     data = special_images()[name]
     src = write_tree(tmp_path / "src", {name: data, "plain.jpg": plain_images()["rgb.jpg"]})
     report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
     assert report.stored == 2 and not report.skipped
-    assert sum(report.normalised.values()) == 1
+    assert sum(report.canonicalised.values()) == 1
     meta = load_store_metas(tmp_path / "out")[0]
     i = meta.paths.index(f"a/{name}")
-    assert fmt.STORED_AS[meta.stored_as[i]] == "normalised"
+    assert fmt.STORED_AS[meta.stored_as[i]] == "canonicalised"
     ds = LMDBImageDataset(tmp_path / "out")
     got = np.asarray(ds[i][0]).astype(int)
     want = decode_rgb(data).astype(int)
