@@ -41,7 +41,8 @@ import threading
 import numpy as np
 from PIL import Image
 
-from fastload.image.policy import DEFAULT_MAX_PIXELS, check_pixels, decode_reference, decode_rgb, is_jpeg, open_image, sniff
+from fastload.image.policy import (DEFAULT_MAX_PIXELS, check_pixels, decode_reference, decode_rgb, is_jpeg,
+                                   open_image, sniff)
 
 __all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "jpeg_backend", "fallback_counts"]
 
