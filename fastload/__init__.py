@@ -21,6 +21,8 @@ _EXPORTS: dict[str, str] = {
     "IncompleteStoreError": "fastload.errors",
     "StoreVersionError": "fastload.errors",
     "ChecksumError": "fastload.errors",
+    "StoreDamagedError": "fastload.errors",
+    "StoreLockedError": "fastload.errors",
     "ConvertError": "fastload.errors",
     "SourceError": "fastload.errors",
     "CorruptSampleError": "fastload.errors",

@@ -89,22 +89,34 @@ def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, 
 @main.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--no-decode", is_flag=True, help="Check checksums only; do not decode.")
+@click.option("--decoders", default="fastload", show_default=True,
+              help="Comma-separated decoders to check every record with: fastload (the loaders' fast path), "
+                   "pil, torchvision, simplejpeg, dali; or 'all'.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
-def verify(store: Path, no_decode: bool, workers, as_json: bool, quiet: bool) -> None:
-    """Re-read every record of STORE, check checksums and decode; exit 1 on any problem."""
-    from fastload.store.check import report_json, verify_store
+def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, quiet: bool) -> None:
+    """Re-read every record of STORE: metadata and record checksums, and a decode with each decoder
+    (crash-isolated), compared with Pillow's pixels; exit 1 on any problem."""
+    from fastload.store.check import DECODERS, report_json, verify_store
 
-    report = verify_store(store, decode=not no_decode, workers=workers, progress=not quiet and not as_json)
+    names = DECODERS if decoders.strip() == "all" else tuple(d.strip() for d in decoders.split(",") if d.strip())
+    unknown = [d for d in names if d not in DECODERS]
+    if unknown:
+        raise click.BadParameter(f"unknown decoder {unknown[0]!r}; valid: {', '.join(DECODERS)}, all",
+                                 param_hint="--decoders")
+    report = verify_store(store, decode=not no_decode, decoders=names, workers=workers,
+                          progress=not quiet and not as_json)
     if as_json:
         click.echo(report_json(report))
     else:
         for i, rel, why in report.failures:
             click.echo(f"sample {i} ({rel}): {why}")
-        state = "OK" if report.ok else f"{len(report.failures)} bad"
-        click.echo(f"{store}: {report.count} samples checked, {state}")
+        state = "OK" if report.ok else f"{len(report.failures)} problems"
+        per = ", ".join(f"{d} {len(ix)} bad" for d, ix in report.by_decoder().items() if ix)
+        checked = "checksums" + (f", decoders {', '.join(report.decoders)}" if report.decoders else "")
+        click.echo(f"{store}: {report.count} samples checked, {state} ({checked}" + (f"; {per})" if per else ")"))
     if not report.ok:
         sys.exit(1)
 

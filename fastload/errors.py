@@ -6,9 +6,11 @@
     ├── StoreError                     a path is not a usable store
     │   ├── NotAStoreError             no LMDB store (or shard set) at that path
     │   ├── IncompleteStoreError       conversion never finished (metadata record missing)
-    │   ├── StoreVersionError          written by a newer fastload format version
-    │   └── ChecksumError              a record's bytes do not match its checksum
+    │   ├── StoreVersionError          written by another fastload format version
+    │   ├── StoreDamagedError          metadata or LMDB file damaged (checksum, truncated copy, LMDB error)
+    │   └── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
     ├── ConvertError                   conversion cannot go on (source mismatch, disk full, bad file in --strict)
+    │   └── StoreLockedError           another conversion is writing the same destination
     ├── SourceError                    the input tree / file list is unusable (no images, bad label, missing file)
     ├── CorruptSampleError             one sample failed to decode; names store, index and relative path
     ├── TooManyCorruptSamplesError     on_error="skip" met too many failures in a row
@@ -28,8 +30,10 @@ __all__ = [
     "NotAStoreError",
     "IncompleteStoreError",
     "StoreVersionError",
+    "StoreDamagedError",
     "ChecksumError",
     "ConvertError",
+    "StoreLockedError",
     "SourceError",
     "CorruptSampleError",
     "TooManyCorruptSamplesError",
@@ -59,12 +63,16 @@ class StoreVersionError(StoreError):
     """The store was written by a newer format version than this fastload reads."""
 
 
-class ChecksumError(StoreError):
-    """A stored record does not match its recorded checksum."""
+class StoreDamagedError(StoreError):
+    """Part of a store is damaged: metadata fails its checksum, the LMDB file is short or corrupt."""
 
 
 class ConvertError(FastloadError):
     """Conversion cannot continue."""
+
+
+class StoreLockedError(ConvertError):
+    """Another conversion (its pid and host are in the message) is writing the same destination."""
 
 
 class SourceError(FastloadError, ValueError):
@@ -83,8 +91,18 @@ class CorruptSampleError(FastloadError, ValueError):
         return (_rebuild_corrupt, (self.args[0], self.index, self.relpath))
 
 
-def _rebuild_corrupt(message: str, index: int | None, relpath: str | None) -> CorruptSampleError:
-    return CorruptSampleError(message, index=index, relpath=relpath)
+def _rebuild_corrupt(message: str, index: int | None, relpath: str | None, cls: type | None = None):
+    return (cls or CorruptSampleError)(message, index=index, relpath=relpath)
+
+
+class ChecksumError(CorruptSampleError, StoreError):
+    """A record's bytes do not match the checksum stored for it (bit rot, a bad copy, tampering).
+
+    A ``CorruptSampleError``, so ``on_error="skip"`` skips it like any bad sample.
+    """
+
+    def __reduce__(self):
+        return (_rebuild_corrupt, (self.args[0], self.index, self.relpath, ChecksumError))
 
 
 class TooManyCorruptSamplesError(FastloadError, RuntimeError):

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastload.pack._pool import imap_isolated
+from fastload._pool import imap_isolated
 from fastload.pack.convert import ConvertOptions, convert
 from fastload.pack.sources import open_source
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from fastload.errors import ConvertError
 from fastload.image.policy import DEFAULT_MAX_PIXELS
-from fastload.pack._pool import imap_isolated
+from fastload._pool import imap_isolated
 from fastload.pack.sources import Source, open_source
 from fastload.store import format as fmt
 from fastload.store.writer import StoreWriter

@@ -1,16 +1,26 @@
 """Checking a store: ``inspect_store`` (what it holds) and ``verify_store`` (re-read everything).
 
-Owns: the tools a user runs on a finished store. Verification re-reads every record in
-spawned processes (crash-isolated from the caller), checks checksums and decodes.
+Owns: the tools a user runs on a finished store. ``verify_store`` re-reads every record in
+crash-isolated worker processes (``fastload._pool``: a decoder that segfaults on a record
+is reported against that record, the rest goes on), checks each record's crc32, and
+decodes it with every decoder asked for, comparing the pixels with the reference decode
+(Pillow) of the same bytes. Opening the store already checks the metadata (checksums,
+labels inside the class range, one path per sample: ``format.parse_meta``).
+
+Decoders (``--decoders``): ``fastload`` (the fast path the loaders use; the default),
+``pil``, ``torchvision`` (``torchvision.io.decode_image``), ``simplejpeg`` (JPEG records
+only), ``dali`` (DALI's CPU decoder). A decoder disagrees when the mean absolute
+difference from Pillow's pixels is above ``DISAGREE_BOUND`` (0 for libjpeg-turbo based
+decoders, which are bit-exact; 0.5 grey levels for DALI).
 
 Must not: be imported by the hot read path (``reader.py``), or write.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +30,11 @@ import numpy as np
 from fastload.errors import IncompleteStoreError
 from fastload.store.reader import StoreReader, load_store_metas
 
-__all__ = ["inspect_store", "verify_store", "VerifyReport", "report_json"]
+__all__ = ["inspect_store", "verify_store", "VerifyReport", "report_json", "DECODERS", "DISAGREE_BOUND"]
+
+DECODERS = ("fastload", "pil", "torchvision", "simplejpeg", "dali")
+DISAGREE_BOUND = {"fastload": 0.0, "pil": 0.0, "torchvision": 0.0, "simplejpeg": 0.0, "dali": 0.5}
+_RANGE = 128
 
 
 def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -38,14 +52,17 @@ def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
         for key in total:
             for k, v in m.header[key].items():
                 total[key][k] = total[key].get(k, 0) + v
+    count = int(len(labels))
+    nbytes = int(sum(m.header["bytes"] for m in metas))
     return {
         "path": str(path),
         "complete": True,
         "format_version": metas[0].header["version"],
-        "count": int(len(labels)),
+        "count": count,
         "shards": len(metas) if len(metas) > 1 else None,
         "classes": {c: int(n) for c, n in zip(classes, counts)},
-        "bytes": int(sum(m.header["bytes"] for m in metas)),
+        "bytes": nbytes,
+        "bytes_per_image": nbytes / count if count else 0.0,
         "skipped": sum(len(m.header["skipped"]) for m in metas),
         "source": metas[0].header["source"],
         "options": metas[0].header["options"] if len(metas) == 1 else
@@ -60,76 +77,187 @@ class VerifyReport:
 
     path: str
     count: int
+    decoders: tuple[str, ...] = ("fastload",)
     failures: list[tuple[int, str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
+    def by_decoder(self) -> dict[str, list[int]]:
+        """Failing indices per decoder (``"checksum"`` for records that fail their checksum)."""
+        out: dict[str, list[int]] = {d: [] for d in ("checksum", *self.decoders)}
+        for i, _, why in self.failures:
+            key = why.split(":", 1)[0]
+            out.setdefault(key, []).append(i)
+        return out
 
-def _verify_range(args: tuple[str, int, int, bool]) -> list[tuple[int, str, str]]:
-    path, start, stop, decode = args
-    from fastload.image.fast import decode_rgb_fast
 
-    reader = StoreReader(path)
+def _reference(data: bytes) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+class _Decoders:
+    """Decoders by name, built once per worker process."""
+
+    def __init__(self) -> None:
+        self._dali = None
+
+    def decode(self, name: str, data: bytes) -> np.ndarray | None:
+        if name == "fastload":
+            from fastload.image.fast import decode_rgb_fast
+
+            return decode_rgb_fast(data)
+        if name == "pil":
+            from fastload.image.policy import decode_rgb
+
+            return decode_rgb(data)
+        if name == "torchvision":
+            import torch
+            from torchvision.io import ImageReadMode, decode_image
+
+            t = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+            return t.permute(1, 2, 0).numpy()
+        if name == "simplejpeg":
+            if data[:3] != b"\xff\xd8\xff":
+                return None
+            import simplejpeg
+
+            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        if name == "dali":
+            return self._dali_decode(data)
+        raise ValueError(name)
+
+    def _dali_decode(self, data: bytes) -> np.ndarray:
+        if self._dali is None:
+            from nvidia.dali import fn, pipeline_def, types
+
+            feed: list[np.ndarray] = []
+
+            @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_dynamic=True)
+            def pipe():
+                raw = fn.external_source(source=lambda: [feed.pop()], batch=True, dtype=types.UINT8, ndim=1)
+                return fn.decoders.image(raw, device="cpu", output_type=types.RGB)
+
+            p = pipe()
+            p.build()
+            self._dali = (p, feed)
+        p, feed = self._dali
+        feed.append(np.frombuffer(data, dtype=np.uint8))
+        return np.asarray(p.run()[0].as_tensor())[0]
+
+
+_DECODERS_IN_PROCESS: _Decoders | None = None
+
+
+def verify_range(payload: tuple[str, int, int, tuple[str, ...]], _init: Any = None) -> list[tuple[int, str, str]]:
+    """Worker task: check ``[start, stop)`` of a store; ``(index, relpath, "decoder: reason")`` per problem."""
+    global _DECODERS_IN_PROCESS
+    path, start, stop, decoders = payload
+    if _DECODERS_IN_PROCESS is None:
+        _DECODERS_IN_PROCESS = _Decoders()
+    dec = _DECODERS_IN_PROCESS
+    reader = StoreReader(path, verify=False)
     bad = []
-    for i in range(start, stop):
-        rel = reader.paths[i]
-        try:
-            data = reader.get(i)
-        except Exception as exc:
-            bad.append((i, rel, f"unreadable: {exc}"))
-            continue
-        if zlib.crc32(data) != int(reader.crc32[i]):
-            bad.append((i, rel, f"checksum mismatch (stored crc32 {int(reader.crc32[i]):08x}, "
-                                f"bytes give {zlib.crc32(data):08x})"))
-            continue
-        if decode:
+    try:
+        for i in range(start, stop):
+            rel = reader.paths[i]
             try:
-                decode_rgb_fast(data)
+                data = reader.get(i, verify=False)
             except Exception as exc:
-                bad.append((i, rel, f"decode failed: {exc}"))
-    reader.close()
+                bad.append((i, rel, f"checksum: unreadable ({exc})"))
+                continue
+            import zlib
+
+            if zlib.crc32(data) != int(reader.crc32[i]):
+                bad.append((i, rel, f"checksum: checksum mismatch (stored crc32 {int(reader.crc32[i]):08x}, "
+                                    f"the bytes give {zlib.crc32(data):08x})"))
+                continue
+            try:
+                ref = _reference(data)
+            except Exception as exc:
+                ref = None
+                ref_error = exc
+            for name in decoders:
+                try:
+                    got = dec.decode(name, data)
+                except Exception as exc:
+                    bad.append((i, rel, f"{name}: decode failed ({type(exc).__name__}: {exc})"))
+                    continue
+                if got is None:
+                    continue
+                if ref is None:
+                    bad.append((i, rel, f"{name}: decodes, but Pillow fails on it ({ref_error})"))
+                    continue
+                if got.shape != ref.shape:
+                    bad.append((i, rel, f"{name}: decodes to {got.shape}, Pillow to {ref.shape}"))
+                    continue
+                diff = float(np.abs(got.astype(np.int16) - ref.astype(np.int16)).mean())
+                if diff > DISAGREE_BOUND[name]:
+                    bad.append((i, rel, f"{name}: pixels disagree with Pillow's (mean |difference| {diff:.3f} > "
+                                        f"{DISAGREE_BOUND[name]})"))
+    finally:
+        reader.close()
     return bad
 
 
-def verify_store(path: str | os.PathLike[str], *, decode: bool = True, workers: int | None = None,
-                 progress: bool = False) -> VerifyReport:
-    """Re-read every record, check its checksum and (by default) decode it.
+def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders: tuple[str, ...] = ("fastload",),
+                 workers: int | None = None, progress: bool = False) -> VerifyReport:
+    """Re-read every record, check its checksum and decode it with each of ``decoders``.
+
+    Each range of records runs in a crash-isolated worker process; a range whose worker
+    crashed is rerun one record per task, so the crash is reported against its record.
 
     Raises:
-        StoreError: the path is not a complete store.
+        StoreError: the path is not a complete, intact store (metadata checked on open).
+        ValueError: an unknown decoder name.
     """
-    from concurrent.futures import ProcessPoolExecutor
-
     from tqdm import tqdm
 
+    from fastload._pool import imap_isolated
     from fastload.system import available_cpus
 
+    unknown = [d for d in decoders if d not in DECODERS]
+    if unknown:
+        raise ValueError(f"Unknown decoder {unknown[0]!r}. Valid decoders are {', '.join(DECODERS)}.")
+    if "dali" in decoders:
+        from fastload.system import DALI_INSTALL_HINT, dali_available
+        from fastload.errors import MissingDependencyError
+
+        if not dali_available():
+            raise MissingDependencyError(f"--decoders dali needs DALI.\nHINT: {DALI_INSTALL_HINT}")
     reader = StoreReader(path)
     n = len(reader)
-    report = VerifyReport(str(path), n)
-    step = 256
-    jobs = [(str(path), s, min(n, s + step), decode) for s in range(0, n, step)]
-    workers = workers or available_cpus()
+    used = tuple(decoders) if decode else ()
+    report = VerifyReport(str(path), n, used)
+    handler = f"{__name__}:verify_range"
+    jobs = [(str(path), s, min(n, s + _RANGE), used) for s in range(0, n, _RANGE)]
+    workers = max(1, min(workers or available_cpus(), len(jobs) or 1))
+    crashed: list[tuple] = []
     with tqdm(total=n, unit="img", desc="verify", disable=not progress) as bar:
-        if workers <= 1 or len(jobs) <= 1:
-            results = (_verify_range(j) for j in jobs)
-            for job, bad in zip(jobs, results):
-                report.failures.extend(bad)
-                bar.update(job[2] - job[1])
-        else:
-            import multiprocessing as mp
-
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
-                for job, bad in zip(jobs, pool.map(_verify_range, jobs)):
-                    report.failures.extend(bad)
-                    bar.update(job[2] - job[1])
+        for j, ok, value in imap_isolated(handler, None, jobs, workers):
+            if ok:
+                report.failures.extend(value)
+            else:
+                crashed.append(jobs[j])
+            bar.update(jobs[j][2] - jobs[j][1])
+        for job in crashed:  # pinpoint the record that crashed its worker
+            singles = [(job[0], i, i + 1, job[3]) for i in range(job[1], job[2])]
+            for k, ok, value in imap_isolated(handler, None, singles, workers):
+                if ok:
+                    report.failures.extend(value)
+                else:
+                    i = singles[k][1]
+                    report.failures.append((i, reader.paths[i], f"crash: a decoder crashed its process ({value})"))
     report.failures.sort()
     return report
 
 
 def report_json(report: VerifyReport) -> str:
-    return json.dumps({"path": report.path, "count": report.count, "ok": report.ok,
+    return json.dumps({"path": report.path, "count": report.count, "ok": report.ok, "decoders": list(report.decoders),
+                       "failing_by_decoder": report.by_decoder(),
                        "failures": [{"index": i, "relpath": r, "reason": why} for i, r, why in report.failures]},
                       indent=1)

@@ -15,9 +15,14 @@ Layout of one store (an LMDB environment directory):
   and per sample its label, checksum, encoding and why it was canonicalised. Deleted when the
   store is finished.
 * ``~meta`` → JSON header, plus ``~meta/<name>`` → one ``.npy`` array each (labels,
-  crc32, encoding, stored_as) and ``~meta/paths`` (NUL-joined UTF-8 relative paths).
+  crc32, encoding, stored_as) and ``~meta/paths`` (NUL-joined relative paths, UTF-8;
+  names that are not valid UTF-8 are kept byte for byte with ``surrogateescape``).
   Written **last**, in one transaction with the deletion of the chunk records: a store
   without ``~meta`` is incomplete, never silently short.
+* Integrity (format 2): the header holds the crc32 of every array and of the paths, and
+  ``~meta-check`` holds the crc32 of the header bytes, so any damage to the metadata is
+  found when a store is opened (``parse_meta``); every record's crc32 is in the
+  ``crc32`` array and is checked on every read (``reader.py``).
 
 Sharded conversions write ``<dst>/shard-<i>-of-<k>/`` stores; a directory holding every
 shard of one conversion reads as one store (shard 0's samples first).
@@ -30,22 +35,25 @@ from __future__ import annotations
 import io
 import json
 import re
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastload.errors import IncompleteStoreError, NotAStoreError
+from fastload.errors import IncompleteStoreError, NotAStoreError, StoreDamagedError, StoreVersionError
 
 FORMAT_NAME = "fastload-lmdb"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 BUILD_KEY = b"~build"
 META_KEY = b"~meta"
 CHUNK_PREFIX = b"~chunk/"
 META_ARRAYS = ("labels", "crc32", "encoding", "stored_as")
 PATHS_KEY = b"~meta/paths"
+META_CHECK_KEY = b"~meta-check"
+_ARRAY_DTYPES = {"labels": np.int64, "crc32": np.uint32, "encoding": np.uint8, "stored_as": np.uint8}
 
 #: ``encoding`` codes: what kind of bytes a record holds.
 ENCODINGS = ("jpeg", "png")
@@ -120,13 +128,96 @@ def decode_array(data: bytes) -> np.ndarray:
 
 
 def encode_paths(paths: list[str]) -> bytes:
-    return "\0".join(paths).encode("utf-8")
+    return "\0".join(paths).encode("utf-8", "surrogateescape")
 
 
 def decode_paths(data: bytes, count: int) -> list[str]:
     if count == 0:
         return []
-    return bytes(data).decode("utf-8").split("\0")
+    return bytes(data).decode("utf-8", "surrogateescape").split("\0")
+
+
+def crc_hex(data: bytes) -> str:
+    return f"{zlib.crc32(data):08x}"
+
+
+def meta_records(header: dict[str, Any], arrays: dict[str, np.ndarray], paths: list[str]) -> list[tuple[bytes, bytes]]:
+    """The metadata records of a finished store, checksummed (``header`` gains ``checksums``)."""
+    blobs = {name: encode_array(arrays[name].astype(_ARRAY_DTYPES[name])) for name in META_ARRAYS}
+    blobs["paths"] = encode_paths(paths)
+    header = dict(header, checksums={name: crc_hex(b) for name, b in blobs.items()})
+    raw = json.dumps(header, sort_keys=True).encode()
+    puts = [(array_key(name), b) for name, b in blobs.items() if name != "paths"]
+    return puts + [(PATHS_KEY, blobs["paths"]), (META_KEY, raw), (META_CHECK_KEY, crc_hex(raw).encode())]
+
+
+def damaged(path: Path, what: str) -> StoreDamagedError:
+    return StoreDamagedError(
+        f"{path}: the store is damaged: {what}.\nHINT: run `fastload verify {path}` to see what else is "
+        f"affected; a damaged store cannot be repaired: convert the source again into a new folder."
+    )
+
+
+def parse_meta(path: Path, raw: bytes, check: bytes | None, blobs: dict[str, bytes | None]) -> StoreMeta:
+    """Check and decode the metadata records of one store (``blobs``: each array's and ``paths``' bytes).
+
+    Raises:
+        StoreDamagedError: any part is missing, fails its checksum or is inconsistent.
+        NotAStoreError, StoreVersionError: another format, or a newer/older version.
+    """
+    try:
+        header = json.loads(raw)
+        if not isinstance(header, dict):
+            raise ValueError("not an object")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise damaged(path, f"its metadata header is not valid JSON ({exc})") from None
+    if header.get("format") != FORMAT_NAME:
+        raise NotAStoreError(f"{path}: unknown store format {header.get('format')!r}.")
+    version = header.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{path} was written with store format version {version}; this fastload reads version "
+            f"{FORMAT_VERSION}.\nHINT: pip install --upgrade fastload")
+    if version < FORMAT_VERSION:
+        raise StoreVersionError(
+            f"{path} was written with store format version {version}, before records and metadata were "
+            f"checksummed; this fastload reads version {FORMAT_VERSION}.\nHINT: convert the source again.")
+    if check is None or bytes(check).decode("ascii", "replace") != crc_hex(raw):
+        raise damaged(path, "its metadata header fails its checksum")
+    try:
+        count = int(header["count"])
+        classes = header["classes"]
+        sums = header["checksums"]
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or count < 0:
+            raise ValueError("bad count or classes")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise damaged(path, f"its metadata header lacks a valid field ({exc})") from None
+    arrays: dict[str, np.ndarray] = {}
+    for name in (*META_ARRAYS, "paths"):
+        blob = blobs.get(name)
+        if blob is None:
+            raise damaged(path, f"its metadata record {name!r} is missing")
+        if crc_hex(bytes(blob)) != sums.get(name):
+            raise damaged(path, f"its metadata record {name!r} fails its checksum")
+        if name == "paths":
+            continue
+        try:
+            arr = decode_array(blob)
+        except Exception as exc:
+            raise damaged(path, f"its metadata array {name!r} cannot be read ({exc})") from None
+        if arr.dtype != _ARRAY_DTYPES[name] or arr.shape != (count,):
+            raise damaged(path, f"its metadata array {name!r} has {arr.dtype} {arr.shape}, expected ({count},)")
+        arrays[name] = arr
+    paths = decode_paths(blobs["paths"], count)  # type: ignore[arg-type]
+    if len(paths) != count:
+        raise damaged(path, f"it lists {len(paths)} relative paths for {count} samples")
+    labels = arrays["labels"]
+    if count and (labels.min() < 0 or labels.max() >= len(classes)):
+        bad = int(np.flatnonzero((labels < 0) | (labels >= len(classes)))[0])
+        raise damaged(path, f"sample {bad} has label {int(labels[bad])}, outside 0..{len(classes) - 1}")
+    if count and (arrays["encoding"].max() >= len(ENCODINGS) or arrays["stored_as"].max() >= len(STORED_AS)):
+        raise damaged(path, "its encoding codes are out of range")
+    return StoreMeta(path=path, header=header, paths=paths, **arrays)
 
 
 @dataclass(frozen=True)

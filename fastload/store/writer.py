@@ -176,12 +176,8 @@ class StoreWriter:
             "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
             "bytes": int(sum(c.bytes for c in chunks)),
         }
-        puts = [(fmt.array_key("labels"), fmt.encode_array(labels)),
-                (fmt.array_key("crc32"), fmt.encode_array(crc)),
-                (fmt.array_key("encoding"), fmt.encode_array(enc)),
-                (fmt.array_key("stored_as"), fmt.encode_array(stored_as)),
-                (fmt.PATHS_KEY, fmt.encode_paths(paths)),
-                (fmt.META_KEY, json.dumps(header, sort_keys=True).encode())]
+        puts = fmt.meta_records(header, {"labels": labels, "crc32": crc, "encoding": enc, "stored_as": stored_as},
+                                paths)
         deletes = [fmt.chunk_key(c.n) for c in chunks] + [fmt.BUILD_KEY]
         self.commit(puts, deletes, committed=len(labels))
-        return header
+        return json.loads(dict(puts)[fmt.META_KEY])

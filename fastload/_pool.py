@@ -1,5 +1,8 @@
 """A process pool where a crashing task loses only itself.
 
+An edge module like ``system.py``: conversion (``pack/``) and verification (``store/``)
+both run native decoders on untrusted bytes, and ``store/`` sits below ``pack/``.
+
 ``concurrent.futures.ProcessPoolExecutor`` breaks as a whole when one worker dies (a
 segfault in a native decoder on a malformed file does happen), failing every pending
 task. Here each worker has its own pipe and works through its tasks in the order it got
