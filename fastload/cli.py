@@ -17,6 +17,11 @@ import click
 from fastload.errors import FastloadError
 
 
+def _printable(text: str) -> str:
+    """File names that are not valid UTF-8 (kept with surrogateescape) shown with U+FFFD, never a crash."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _friendly(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -57,10 +62,16 @@ def main() -> None:
               help="Refuse larger images as decompression bombs [default: Pillow's limit, 178,956,970].")
 @click.option("--chunk-size", type=click.IntRange(min=1), default=256, show_default=True,
               help="Samples per write transaction.")
+@click.option("--max-file-bytes", type=click.IntRange(min=1), default=None,
+              help="Skip files larger than this, unread [default: 1 GiB].")
+@click.option("--follow-symlinks", is_flag=True,
+              help="Read symbolic links that point outside SRC (by default they are skipped and reported).")
+@click.option("--num-classes", type=click.IntRange(min=1), default=None,
+              help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
 def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, shard_index, strict,
-            workers, max_pixels, chunk_size, quiet) -> None:
+            workers, max_pixels, chunk_size, max_file_bytes, follow_symlinks, num_classes, quiet) -> None:
     """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
 
     Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.
@@ -68,18 +79,21 @@ def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, 
     """
     from fastload.pack.convert import ConvertOptions
     from fastload.pack.convert import convert as run
-    from fastload.image.policy import DEFAULT_MAX_PIXELS
+    from fastload.image.policy import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
     opts = ConvertOptions(max_side=max_side, quality=quality, shuffle=shuffle, seed=seed,
                           num_shards=num_shards, shard_index=shard_index, strict=strict, workers=workers,
                           chunk_size=chunk_size, max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
-                          progress=not quiet)
+                          max_file_bytes=max_file_bytes or DEFAULT_MAX_FILE_BYTES, follow_symlinks=follow_symlinks,
+                          num_classes=num_classes, progress=not quiet)
     report = run(src, dst, opts)
+    for w in report.warnings:
+        click.echo(f"warning: {_printable(w)}", err=True)
     click.echo(report.summary_line())
     for s in report.skipped[:20]:
-        click.echo(f"  skipped {s['relpath']}: {s['reason']}")
+        click.echo(f"  skipped {_printable(s['relpath'])}: {_printable(s['reason'])}")
     if len(report.skipped) > 20:
         click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
     for reason, n in report.canonicalised.items():
@@ -112,7 +126,7 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
         click.echo(report_json(report))
     else:
         for i, rel, why in report.failures:
-            click.echo(f"sample {i} ({rel}): {why}")
+            click.echo(f"sample {i} ({_printable(rel)}): {why}")
         state = "OK" if report.ok else f"{len(report.failures)} problems"
         per = ", ".join(f"{d} {len(ix)} bad" for d, ix in report.by_decoder().items() if ix)
         checked = "checksums" + (f", decoders {', '.join(report.decoders)}" if report.decoders else "")

@@ -536,9 +536,14 @@ def read_source_file(path: str, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> b
             os.close(fd)
 
 
+def _within(real: str, folder: str) -> bool:
+    return real == folder or real.startswith(folder.rstrip(os.sep) + os.sep)
+
+
 def prepare_file(path: str, options: dict) -> tuple:
-    """Worker entry point: read and prepare one file (``options``: ``prepare``'s keywords and
-    ``max_file_bytes``).
+    """Worker entry point: read and prepare one file (``options``: ``prepare``'s keywords,
+    ``max_file_bytes``, and ``inside``: when set, a path whose real location is outside that
+    folder, through a symbolic link, is not read).
 
     Returns:
         ``("ok", data, encoding, stored_as, reason)`` or ``("bad", reason)``.
@@ -546,7 +551,11 @@ def prepare_file(path: str, options: dict) -> tuple:
     ImageFile.LOAD_TRUNCATED_IMAGES = False  # strict in every conversion worker, whatever was imported
     opts = dict(options)
     max_bytes = opts.pop("max_file_bytes", DEFAULT_MAX_FILE_BYTES)
+    inside = opts.pop("inside", None)
     try:
+        real = os.path.realpath(path)
+        if inside is not None and real != os.path.abspath(path) and not _within(real, inside):
+            raise BadImage(f"symbolic link to {real}, outside the source; pass --follow-symlinks to read it")
         p = prepare(read_source_file(path, max_bytes=max_bytes), **opts)
     except BadImage as exc:
         return ("bad", str(exc))

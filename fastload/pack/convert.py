@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ConvertError
-from fastload.image.policy import DEFAULT_MAX_PIXELS
+from fastload.image.policy import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS
 from fastload._pool import imap_isolated
 from fastload.pack.sources import Source, open_source
 from fastload.store import format as fmt
@@ -56,6 +56,11 @@ class ConvertOptions:
         progress: show a tqdm progress bar.
         initial_map_size: first LMDB map size in bytes (None: from the source size); the
             map doubles whenever it is full.
+        max_file_bytes: files larger than this are skipped unread.
+        follow_symlinks: read symbolic links that point outside the source (default: such
+            links are skipped with a reason; links inside the source are always read).
+        num_classes: for file lists with integer labels, the number of classes (labels must
+            lie in ``0..num_classes-1``).
     """
 
     max_side: int | None = None
@@ -70,6 +75,9 @@ class ConvertOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
     progress: bool = True
     initial_map_size: int | None = None
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    follow_symlinks: bool = False
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_side is not None and self.max_side < 8:
@@ -86,12 +94,18 @@ class ConvertOptions:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.max_pixels < 1:
             raise ValueError(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if self.max_file_bytes < 1:
+            raise ValueError(f"max_file_bytes must be >= 1, got {self.max_file_bytes}")
+        if self.num_classes is not None and self.num_classes < 1:
+            raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
 
     def record_options(self) -> dict[str, Any]:
         """The options that decide which records a store holds (saved in its metadata)."""
         return {"max_side": self.max_side, "quality": self.quality, "shuffle": self.shuffle,
                 "seed": self.seed if self.shuffle else None, "num_shards": self.num_shards,
-                "shard_index": self.shard_index, "max_pixels": self.max_pixels}
+                "shard_index": self.shard_index, "max_pixels": self.max_pixels,
+                "max_file_bytes": self.max_file_bytes, "follow_symlinks": self.follow_symlinks,
+                "num_classes": self.num_classes}
 
 
 @dataclass
@@ -108,6 +122,7 @@ class ConvertReport:
     bytes_stored: int = 0
     resumed_from: int = 0
     already_complete: bool = False
+    warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -212,13 +227,14 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
             ``strict``, a file was unreadable.
     """
     t0 = time.perf_counter()
-    src = open_source(source)
     path = _store_dir(Path(dst), options)
+    # a destination inside the source tree must not be scanned as a class (and rescanned on resume)
+    src = open_source(source, exclude=(Path(dst),), num_classes=options.num_classes)
     order = _source_order(src, options)
     build = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
              "source": {"kind": src.kind, "path": str(src.path), "classes": src.classes},
              "options": options.record_options()}
-    report = ConvertReport(dst=path, source=str(src.path), total=len(order))
+    report = ConvertReport(dst=path, source=str(src.path), total=len(order), warnings=list(src.warnings))
     src_bytes = _source_bytes(src, order)
     map_size = options.initial_map_size or max(64 << 20, int(src_bytes * 1.25) + (64 << 20))
     with StoreWriter(path, map_size=map_size) as writer:
@@ -269,7 +285,9 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
     report.resumed_from = consumed
     todo = order[consumed:]
     payloads = [src.abspath(src.items[i][0]) for i in todo]
-    init = {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality}
+    init = {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality,
+            "max_file_bytes": options.max_file_bytes,
+            "inside": None if options.follow_symlinks else os.path.realpath(src.root)}
     workers = options.workers or available_cpus()
     bar = tqdm(total=len(order), initial=consumed, unit="img", desc=f"convert {path.name}",
                disable=not options.progress, dynamic_ncols=True)

@@ -10,10 +10,22 @@ sorted file names, keeping torchvision's image extensions, case-insensitive. It 
 reimplemented here so packing does not import torch; a test pins it to torchvision.
 
 File lists: one ``path,label`` per line (``.tsv``: tab-separated; ``.csv`` or anything
-else: comma, unless the first line has a tab). An optional header line is skipped, as are
-blank lines and lines starting with ``#``. Relative paths resolve against the list's
-folder. Labels are integers (classes are then ``"0".."max"``) or class names (classes are
-the sorted distinct names); if any label is not an integer, all are names.
+else: comma, unless the first line has a tab), UTF-8 with or without a BOM (anything else
+is an error naming the first line that is not UTF-8). An optional header line is skipped,
+as are blank lines and lines starting with ``#``. Relative paths resolve against the
+list's folder. Labels are integers or class names; if any label is not an integer, all
+are names (classes are then the sorted distinct names, and classes with a single sample
+are listed in a warning: they are often typos). Integer labels must lie in ``0..N-1``:
+N is ``num_classes`` when given, else the number of distinct labels — a list whose labels
+leave gaps (N distinct labels, the largest L > N - 1) is accepted with classes ``0..L``
+and the gaps listed in a warning, unless L is far outside (L >= 2N + 100: a typo like
+``1000000000`` that would make a billion classes), which is an error naming the line. The
+same path listed twice is a warning when both lines agree and an error naming both lines
+when their labels differ.
+
+Hostile trees: names that are not valid UTF-8 are kept as Python keeps them
+(``surrogateescape``: the original bytes round-trip); directory links that loop back are
+walked once; a destination folder inside the tree is left out of the scan.
 
 Must not: open or decode images.
 """
@@ -51,6 +63,7 @@ class Source:
     root: Path
     classes: list[str]
     items: list[tuple[str, int]] = field(repr=False)
+    warnings: list[str] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[tuple[int, str, int]]:
         for i, (rel, label) in enumerate(self.items):
@@ -66,7 +79,7 @@ class Source:
         """sha256 over the kind, classes and the given items' (default: all) path, label, size, mtime."""
         h = hashlib.sha256()
         h.update(self.kind.encode())
-        h.update("\0".join(self.classes).encode())
+        h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
         for i in range(len(self.items)) if indices is None else indices:
             rel, label = self.items[i]
             try:
@@ -74,7 +87,7 @@ class Source:
                 size, mtime = st.st_size, st.st_mtime_ns
             except OSError:
                 size, mtime = -1, -1
-            h.update(f"\n{rel}\0{label}\0{size}\0{mtime}".encode())
+            h.update(f"\n{rel}\0{label}\0{size}\0{mtime}".encode("utf-8", "surrogateescape"))
         return h.hexdigest()
 
 
@@ -82,10 +95,16 @@ def _is_image_name(name: str) -> bool:
     return name.lower().endswith(IMG_EXTENSIONS)
 
 
-def image_folder(root: str | os.PathLike[str]) -> Source:
-    """List an ImageFolder tree in torchvision's order."""
+def _inside(path: Path, outer: Path) -> bool:
+    return path == outer or outer in path.parents
+
+
+def image_folder(root: str | os.PathLike[str], *, exclude: tuple[Path, ...] = ()) -> Source:
+    """List an ImageFolder tree in torchvision's order (``exclude``: folders left out, e.g. DST)."""
     root = Path(root).resolve()
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    skip = tuple(Path(os.path.realpath(e)) for e in exclude)
+    classes = sorted(e.name for e in os.scandir(root)
+                     if e.is_dir() and not any(_inside(Path(os.path.realpath(e.path)), s) for s in skip))
     if not classes:
         raise SourceError(
             f"{root}: no class folders found.\nHINT: an ImageFolder tree is ROOT/<class>/<image>; "
@@ -93,7 +112,16 @@ def image_folder(root: str | os.PathLike[str]) -> Source:
         )
     items: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
-        for dirpath, _, fnames in sorted(os.walk(root / name, followlinks=True)):
+        seen: set[str] = set()
+        walk = []
+        for dirpath, dirnames, fnames in os.walk(root / name, followlinks=True):
+            real = os.path.realpath(dirpath)
+            if real in seen or any(_inside(Path(real), s) for s in skip):
+                dirnames[:] = []  # a link loop, or the destination store: do not descend
+                continue
+            seen.add(real)
+            walk.append((dirpath, fnames))
+        for dirpath, fnames in sorted(walk):
             for fname in sorted(fnames):
                 if _is_image_name(fname):
                     items.append((os.path.relpath(os.path.join(dirpath, fname), root), label))
@@ -102,8 +130,27 @@ def image_folder(root: str | os.PathLike[str]) -> Source:
     return Source("imagefolder", root, root, classes, items)
 
 
+def _read_list(path: Path) -> str:
+    raw = path.read_bytes()
+    if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise SourceError(f"{path}: the file list is UTF-16; fastload reads UTF-8.\n"
+                          f"HINT: iconv -f UTF-16 -t UTF-8 {path} > list-utf8.csv")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        for n, line in enumerate(raw.split(b"\n"), 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise SourceError(
+                    f"{path}:{n}: not valid UTF-8 ({exc.reason} at byte {exc.start} of the line): "
+                    f"{line[:80]!r}\nHINT: save the list as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)."
+                ) from None
+        raise
+
+
 def _parse_rows(path: Path) -> list[tuple[int, str, str]]:
-    text = path.read_text(encoding="utf-8-sig")
+    text = _read_list(path)
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1)
              if line.strip() and not line.lstrip().startswith("#")]
     if not lines:
@@ -129,11 +176,12 @@ def _parse_rows(path: Path) -> list[tuple[int, str, str]]:
     return rows
 
 
-def file_list(path: str | os.PathLike[str]) -> Source:
-    """List a CSV/TSV file of ``path,label`` lines."""
+def file_list(path: str | os.PathLike[str], *, num_classes: int | None = None) -> Source:
+    """List a CSV/TSV file of ``path,label`` lines (the rules are in the module docstring)."""
     path = Path(path).resolve()
     rows = _parse_rows(path)
     root = path.parent
+    warnings: list[str] = []
 
     def as_int(s: str) -> int | None:
         try:
@@ -143,28 +191,66 @@ def file_list(path: str | os.PathLike[str]) -> Source:
 
     ints = [as_int(r[2]) for r in rows]
     if all(v is not None for v in ints):
-        negative = [r for r, v in zip(rows, ints) if v < 0]  # type: ignore[operator]
+        labels = [int(v) for v in ints]  # type: ignore[arg-type]
+        negative = [r for r, v in zip(rows, labels) if v < 0]
         if negative:
             n, _, lab = negative[0]
             raise SourceError(f"{path}:{n}: label {lab} is negative; labels must be >= 0 or class names.")
-        classes = [str(i) for i in range(max(ints) + 1)]  # type: ignore[type-var]
-        labels = [int(v) for v in ints]  # type: ignore[arg-type]
+        distinct = len(set(labels))
+        top = max(labels)
+        if num_classes is not None:
+            limit, why = num_classes, f"--num-classes {num_classes}"
+        else:
+            limit = top + 1 if top < 2 * distinct + 100 else distinct
+            why = f"{distinct} distinct labels"
+        if top >= limit:
+            n, _, lab = next(r for r, v in zip(rows, labels) if v >= limit)
+            raise SourceError(f"{path}:{n}: label {lab} is outside 0..{limit - 1} ({why}).\nHINT: fix the label, "
+                              "or give --num-classes N if the dataset really has that many classes.")
+        classes = [str(i) for i in range(limit)]
+        gaps = sorted(set(range(limit)) - set(labels))
+        if gaps:
+            shown = ", ".join(map(str, gaps[:20])) + (f" and {len(gaps) - 20} more" if len(gaps) > 20 else "")
+            warnings.append(f"{len(gaps)} of {limit} integer classes have no sample: {shown}")
     else:
         classes = sorted({r[2] for r in rows})
         index = {c: i for i, c in enumerate(classes)}
         labels = [index[r[2]] for r in rows]
+        if num_classes is not None and len(classes) != num_classes:
+            raise SourceError(f"{path}: {len(classes)} distinct class names, but --num-classes {num_classes}.")
+        counts: dict[int, int] = {}
+        for label in labels:
+            counts[label] = counts.get(label, 0) + 1
+        singles = [classes[c] for c, k in sorted(counts.items()) if k == 1]
+        if singles and len(rows) > 2 * len(classes):
+            warnings.append(f"{len(singles)} class name(s) have a single sample (typos?): "
+                            + ", ".join(repr(c) for c in singles[:20]))
     items = []
-    for (_, p, _), label in zip(rows, labels):
+    first_line: dict[str, tuple[int, int]] = {}
+    dupes = 0
+    for (n, p, _), label in zip(rows, labels):
         rel = os.path.normpath(p) if not os.path.isabs(p) else p
+        seen = first_line.get(rel)
+        if seen is not None:
+            if seen[1] != label:
+                raise SourceError(f"{path}:{n}: {p} is listed again with another label "
+                                  f"(line {seen[0]}: {classes[seen[1]]}, line {n}: {classes[label]}).\n"
+                                  "HINT: keep one line per file.")
+            dupes += 1
+        else:
+            first_line[rel] = (n, label)
         items.append((rel, label))
-    return Source("filelist", path, root, classes, items)
+    if dupes:
+        warnings.append(f"{dupes} file(s) are listed more than once (same label; each copy is stored)")
+    return Source("filelist", path, root, classes, items, warnings)
 
 
-def open_source(path: str | os.PathLike[str]) -> Source:
-    """An ImageFolder tree (a directory) or a file list (a file)."""
+def open_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
+                num_classes: int | None = None) -> Source:
+    """An ImageFolder tree (a directory; ``exclude`` folders left out) or a file list (a file)."""
     p = Path(path)
     if not p.exists():
         raise SourceError(f"{p} does not exist.")
     if p.is_dir():
-        return image_folder(p)
-    return file_list(p)
+        return image_folder(p, exclude=exclude)
+    return file_list(p, num_classes=num_classes)

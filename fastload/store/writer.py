@@ -8,7 +8,8 @@ metadata record **last**, in the same transaction that deletes the chunk records
 without it is incomplete for every reader, never silently short.
 
 Errors that come from the disk (full, read-only, a file-size limit) become
-``ConvertError`` with a HINT saying which, and that rerunning resumes.
+``ConvertError`` with a HINT saying which, and that rerunning resumes. One writer per
+store: a ``flock`` on ``.fastload-writer.lock`` (``StoreLockedError`` names the holder).
 
 Must not: read sources, decode images, or know about torch.
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
+import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from fastload.errors import ConvertError
+from fastload.errors import ConvertError, StoreLockedError
 from fastload.store import format as fmt
 from fastload.store.reader import release
 
-__all__ = ["StoreWriter", "ResumeState", "STORE_FILES"]
+__all__ = ["StoreWriter", "ResumeState", "STORE_FILES", "LOCK_NAME"]
+
+log = logging.getLogger("fastload")
 
 #: Files a store directory may hold besides dot-files (``report.json`` is the conversion's report).
 STORE_FILES = frozenset({"data.mdb", "lock.mdb", "report.json"})
@@ -59,6 +64,43 @@ def io_hint(exc: BaseException, path: Path) -> str:
     return "HINT: rerun the same command to resume once the cause is fixed."
 
 
+LOCK_NAME = ".fastload-writer.lock"
+
+
+def _take_lock(path: Path) -> int:
+    """Hold ``path/.fastload-writer.lock`` (``flock``) for this conversion, or refuse at once.
+
+    The kernel releases a ``flock`` when its process dies, so a lock left by a killed run is
+    free: it is taken over with a message naming the dead owner. The file holds the owner's
+    pid, host and start time, for the message the next writer prints.
+    """
+    import fcntl
+    import socket
+    import time
+
+    lock = path / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as exc:
+        raise ConvertError(f"cannot create the writer lock {lock}: {exc}\n{io_hint(exc, path)}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        owner = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+        os.close(fd)
+        raise StoreLockedError(
+            f"{path} is being written by another conversion ({owner}).\nHINT: wait for it to finish, or stop "
+            "it; rerunning the same command afterwards resumes where it stopped.") from None
+    previous = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    if previous:
+        log.warning("%s: taking over the writer lock of a conversion that did not finish (%s); resuming its work",
+                    path, previous)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
+              .encode(), 0)
+    return fd
+
+
 @dataclass
 class ResumeState:
     """What a store directory already holds: the finished header, the build record, the chunks."""
@@ -84,6 +126,7 @@ class StoreWriter:
         import lmdb
 
         self.path = path
+        self._lock_fd: int | None = None
         if path.exists() and not path.is_dir():
             raise ConvertError(f"{path} exists and is a file; DST must be a new or empty folder or a fastload store.")
         if path.is_dir():
@@ -96,9 +139,14 @@ class StoreWriter:
         release(path)  # a read handle of this process on DST would refuse the writer
         try:
             path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConvertError(f"cannot create {path}: {exc}\n{io_hint(exc, path)}") from exc
+        self._lock_fd = _take_lock(path)
+        try:
             self.env = lmdb.open(str(path), map_size=map_size, subdir=True, readonly=False, lock=True,
                                  sync=True, metasync=True, meminit=False, max_dbs=0)
         except (OSError, lmdb.Error) as exc:
+            self._unlock()
             raise ConvertError(f"cannot open {path} for writing: {exc}\n{io_hint(exc, path)}") from exc
 
     def __enter__(self) -> StoreWriter:
@@ -109,6 +157,16 @@ class StoreWriter:
 
     def close(self) -> None:
         self.env.close()
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                os.ftruncate(self._lock_fd, 0)  # empty = released cleanly (a non-empty free lock is stale)
+            except OSError:
+                pass
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
 
     def commit(self, puts: list[tuple[bytes, bytes]], deletes: list[bytes] = (), *, committed: int) -> None:
         """Write one transaction, doubling the map as often as needed.
