@@ -15,7 +15,7 @@ is an error naming the first line that is not UTF-8). An optional header line is
 as are blank lines and lines starting with ``#``. Relative paths resolve against the
 list's folder. Labels are integers or class names; if any label is not an integer, all
 are names (classes are then the sorted distinct names, and classes with a single sample
-are listed in a warning: they are often typos). Integer labels must lie in ``0..N-1``:
+are listed in a warning when other classes have 3 or more: they are often typos). Integer labels must lie in ``0..N-1``:
 N is ``num_classes`` when given, else the number of distinct labels — a list whose labels
 leave gaps (N distinct labels, the largest L > N - 1) is accepted with classes ``0..L``
 and the gaps listed in a warning, unless L is far outside (L >= 2N + 100: a typo like
@@ -222,7 +222,7 @@ def file_list(path: str | os.PathLike[str], *, num_classes: int | None = None) -
         for label in labels:
             counts[label] = counts.get(label, 0) + 1
         singles = [classes[c] for c, k in sorted(counts.items()) if k == 1]
-        if singles and len(rows) > 2 * len(classes):
+        if singles and max(counts.values()) >= 3:
             warnings.append(f"{len(singles)} class name(s) have a single sample (typos?): "
                             + ", ".join(repr(c) for c in singles[:20]))
     items = []
