@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "TooManyCorruptSamplesError": "fastload.errors",
     "RecipeError": "fastload.errors",
     "MissingDependencyError": "fastload.errors",
+    "WorkerStartError": "fastload.errors",
     "Overloaded": "fastload.errors",
     # pack
     "convert": "fastload.pack.convert",

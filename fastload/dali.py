@@ -4,6 +4,6 @@ Importing this module does not import DALI; constructing a ``DALILoader`` withou
 ``dali`` extra raises ``MissingDependencyError`` with the pip command.
 """
 
-from fastload.load.dali import DALILoader, dali_available
+from fastload.load.dali import DALILoader, DALIOptions, dali_available
 
-__all__ = ["DALILoader", "dali_available"]
+__all__ = ["DALILoader", "DALIOptions", "dali_available"]

@@ -16,6 +16,7 @@
     ├── TooManyCorruptSamplesError     on_error="skip" met too many failures in a row
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
+    ├── WorkerStartError               loader worker processes could not start (e.g. no __main__ guard)
     └── Overloaded                     the inference batcher's queue is full; retry later
 
 Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError`` and ``SourceError``
@@ -39,6 +40,7 @@ __all__ = [
     "TooManyCorruptSamplesError",
     "RecipeError",
     "MissingDependencyError",
+    "WorkerStartError",
     "Overloaded",
 ]
 
@@ -115,6 +117,10 @@ class RecipeError(FastloadError, ValueError):
 
 class MissingDependencyError(FastloadError, ImportError):
     """An optional dependency is missing; the message holds the pip command that installs it."""
+
+
+class WorkerStartError(FastloadError, RuntimeError):
+    """Worker processes of a loader could not start; the message says why and how to fix it."""
 
 
 class Overloaded(FastloadError):

@@ -114,3 +114,37 @@ def jpeg_bomb(side: int = 20000) -> bytes:
     i = data.index(b"\xff\xc0")
     data[i + 5:i + 9] = side.to_bytes(2, "big") + side.to_bytes(2, "big")
     return bytes(data)
+
+
+def edit_store(store: Path, fn) -> None:
+    """Change a store's LMDB records directly, as damage would (``fn(txn)``)."""
+    import lmdb
+
+    env = lmdb.open(str(store), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        fn(txn)
+    env.close()
+
+
+def rewrite_meta(store: Path, mutate) -> None:
+    """Write self-consistent (checksummed) metadata after ``mutate(header, arrays, paths)`` changed it."""
+    from fastload.store import format as fmt
+    from fastload.store.reader import StoreReader
+
+    meta = StoreReader(store).metas[0]
+    arrays = {"labels": meta.labels.copy(), "crc32": meta.crc32.copy(), "encoding": meta.encoding.copy(),
+              "stored_as": meta.stored_as.copy()}
+    header = {k: v for k, v in meta.header.items() if k != "checksums"}
+    paths = list(meta.paths)
+    mutate(header, arrays, paths)
+    edit_store(store, lambda t: [t.put(k, v) for k, v in fmt.meta_records(header, arrays, paths)])
+
+
+def put_undecodable(store: Path, index: int) -> bytes:
+    """Replace record ``index`` by bytes no decoder reads, with a matching checksum (not bit rot)."""
+    from fastload.store import format as fmt
+
+    junk = b"\xff\xd8\xff\xe0" + b"\x00" * 200
+    edit_store(store, lambda t: t.put(fmt.sample_key(index), junk))
+    rewrite_meta(store, lambda h, a, p: a["crc32"].__setitem__(index, zlib.crc32(junk)))
+    return junk

@@ -35,18 +35,23 @@ Must not: be imported by ``fastload/__init__`` eagerly.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fastload.errors import CorruptSampleError, MissingDependencyError
+from fastload.errors import CorruptSampleError, MissingDependencyError, TooManyCorruptSamplesError, WorkerStartError
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
+from fastload.system import DALI_INSTALL_HINT, dali_available
 
-__all__ = ["DALILoader", "dali_available"]
+__all__ = ["DALILoader", "DALIOptions", "dali_available"]
+
+log = logging.getLogger("fastload")
 
 # The DALI ResNet-50 example's pre-allocation hints for nvJPEG: they avoid reallocations
 # (and the stalls they cause) during the first epochs on ImageNet-sized images.
@@ -56,26 +61,70 @@ _PREALLOCATE_WIDTH_HINT = 5_980
 _PREALLOCATE_HEIGHT_HINT = 6_430
 
 
-def dali_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
+_GUARD_HINT = (
+    "DALI's worker processes could not start. DALILoader reads a store with a parallel external_source, "
+    "whose workers are started with 'spawn': each re-imports your script, so a script that builds a "
+    "DALILoader at module level starts it again in every worker.\nHINT: put the code that builds and runs the "
+    "loader under `if __name__ == \"__main__\":` (as PyTorch's DataLoader docs ask for num_workers > 0).")
+MAX_CONSECUTIVE_SKIPS = 20
 
 
 def _require_dali():
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
-        raise MissingDependencyError(
-            "DALI is not installed.\nHINT: pip install 'fastload[dali]'   (nvidia-dali-cuda130, matching torch's "
-            "CUDA 13 build; CPU mode works without a GPU)"
-        ) from None
+        raise MissingDependencyError(f"DALI is not installed.\nHINT: {DALI_INSTALL_HINT}") from None
+
+
+def _refuse_during_spawn_bootstrap() -> None:
+    """In a spawned child that is still importing the parent's ``__main__``, say why instead of failing deep inside."""
+    import multiprocessing.process
+
+    if getattr(multiprocessing.process.current_process(), "_inheriting", False):
+        raise WorkerStartError(_GUARD_HINT)
 
 
 def _is_store(path: Path) -> bool:
     from fastload.store import format as fmt
 
     return fmt.is_store_dir(path) or bool(fmt.find_shards(path))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DALIOptions:
+    """The less common settings of a ``DALILoader``.
+
+    Args:
+        resize: the shorter side before the eval center crop.
+        py_workers: processes for the store callback (reading bytes; cheap).
+        mean, std: normalisation, on the 0..1 scale.
+        dtype: float dtype of the images handed out; ``channels_last`` their memory format.
+        shard_id, num_shards: default from ``torch.distributed`` when initialised, else 0, 1.
+        device_id: the GPU (default: the current CUDA device).
+        hw_decoder_load: share of JPEG decoding sent to the GPU's hardware decoder (A100,
+            H100/H200 have one; ignored elsewhere and on the CPU).
+        prefetch_queue_depth: batches DALI prepares ahead.
+    """
+
+    resize: int = 256
+    py_workers: int = 1
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    dtype: torch.dtype = torch.float32
+    channels_last: bool = False
+    shard_id: int | None = None
+    num_shards: int | None = None
+    device_id: int | None = None
+    hw_decoder_load: float = 0.65
+    prefetch_queue_depth: int = 2
+
+    def __post_init__(self) -> None:
+        if self.py_workers < 1 or self.prefetch_queue_depth < 1 or self.resize < 1:
+            raise ValueError("py_workers, prefetch_queue_depth and resize must be >= 1")
+        if not 0.0 <= self.hw_decoder_load <= 1.0:
+            raise ValueError(f"hw_decoder_load must be in 0..1, got {self.hw_decoder_load}")
+        object.__setattr__(self, "mean", tuple(self.mean))
+        object.__setattr__(self, "std", tuple(self.std))
 
 
 class DALILoader:
@@ -86,61 +135,63 @@ class DALILoader:
             ImageFolder tree.
         batch_size: samples per batch.
         train: random-resized crop + flip (True) or resize + center crop (False).
-        size: output side; ``resize``: the shorter side before the eval center crop.
+        size: output side.
         device: ``"auto"`` (GPU when one is visible, else CPU), ``"gpu"`` or ``"cpu"``.
         num_threads: DALI CPU threads; ``"auto"`` = ``auto_num_workers()`` (at least 1).
-        py_workers: processes for the store callback (reading bytes; cheap).
         seed: drives the epoch shuffle (same on every rank) and augmentation (+ rank).
         shuffle: default ``train``.
         drop_last: drop each epoch's partial last batch instead of returning it.
-        mean, std: normalisation, on the 0..1 scale.
-        dtype: float dtype of the images handed out; ``channels_last`` their memory format.
-        shard_id, num_shards: default from ``torch.distributed`` when initialised, else 0, 1.
-        device_id: the GPU (default: the current CUDA device).
-        hw_decoder_load: share of JPEG decoding sent to the GPU's hardware decoder (A100,
-            H100/H200 have one; ignored elsewhere and on the CPU).
-        prefetch_queue_depth: batches DALI prepares ahead.
+        on_error: ``"raise"`` (default): a sample that fails (checksum or decode) raises
+            ``CorruptSampleError`` naming the store index and relative path. ``"skip"``
+            (stores only): the sample is replaced by the next good one, the batch keeps its
+            shape and the epoch completes; ``skipped`` counts them; more than 20 failures
+            in a row raise ``TooManyCorruptSamplesError``. (DALI cannot skip inside a
+            pipeline, NVIDIA/DALI#3913: on a failure the pipeline is rebuilt at the same
+            batch with the bad sample replaced; augmentation draws restart from the seed.)
         return_index: also yield each sample's store index (folder source: its label), as a
             third element, for checks and debugging.
+        options: ``DALIOptions`` for everything else.
 
     Raises:
         MissingDependencyError: DALI is not installed.
-        CorruptSampleError: (when iterating) a sample failed to decode; names the store
-            index and relative path (or the file).
+        WorkerStartError: DALI's worker processes could not start (most often: the script
+            has no ``if __name__ == "__main__":`` guard; the message says so).
+        CorruptSampleError: (when iterating) a sample failed; names the store index and
+            relative path (or the file).
     """
 
     def __init__(self, source: str | os.PathLike[str], batch_size: int, *, train: bool = True, size: int = 224,
-                 resize: int = 256, device: str = "auto", num_threads: int | str = "auto", py_workers: int = 1,
-                 seed: int = 0, shuffle: bool | None = None, drop_last: bool = False,
-                 mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                 dtype: torch.dtype = torch.float32, channels_last: bool = False, shard_id: int | None = None,
-                 num_shards: int | None = None, device_id: int | None = None, hw_decoder_load: float = 0.65,
-                 prefetch_queue_depth: int = 2, return_index: bool = False) -> None:
+                 device: str = "auto", num_threads: int | str = "auto", seed: int = 0, shuffle: bool | None = None,
+                 drop_last: bool = False, on_error: str = "raise", return_index: bool = False,
+                 options: DALIOptions | None = None) -> None:
         _require_dali()
+        _refuse_during_spawn_bootstrap()
+        opt = options or DALIOptions()
         if device not in ("auto", "gpu", "cpu"):
             raise ValueError(f"Unknown value {device!r} for argument device. Valid values are 'auto', 'gpu', 'cpu'.")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"Unknown value {on_error!r} for argument on_error. Valid values are 'raise', 'skip'.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if device == "auto":
-            device = "gpu" if torch.cuda.is_available() else "cpu"
-        if device == "gpu" and not torch.cuda.is_available():
-            raise ValueError("device='gpu' needs a CUDA GPU and none is visible; use device='cpu' or 'auto'.")
+        from fastload.system import resolve_device
+
+        device = {"cuda": "gpu"}.get(resolve_device("cuda" if device == "gpu" else device, what="device").type, "cpu")
         if num_threads == "auto":
             from fastload.load.workers import auto_num_workers
 
             num_threads = max(1, auto_num_workers())
         self.source = Path(source)
-        self.batch_size, self.train, self.size, self.resize = batch_size, train, size, resize
-        self.device, self.num_threads, self.py_workers = device, int(num_threads), py_workers
+        self.batch_size, self.train, self.size = batch_size, train, size
+        self.device, self.num_threads = device, int(num_threads)
         self.seed = seed
         self.shuffle = train if shuffle is None else shuffle
         self.drop_last = drop_last
-        self.mean, self.std = tuple(mean), tuple(std)
-        self.dtype, self.channels_last = dtype, channels_last
-        self.hw_decoder_load, self.prefetch_queue_depth = hw_decoder_load, prefetch_queue_depth
+        self.on_error = on_error
         self.return_index = return_index
+        self.options = opt
         import torch.distributed as dist
 
+        shard_id, num_shards = opt.shard_id, opt.num_shards
         if shard_id is None or num_shards is None:
             if dist.is_available() and dist.is_initialized():
                 shard_id, num_shards = dist.get_rank(), dist.get_world_size()
@@ -149,9 +200,12 @@ class DALILoader:
         if not 0 <= shard_id < num_shards:
             raise ValueError(f"need 0 <= shard_id < num_shards, got {shard_id}, {num_shards}")
         self.shard_id, self.num_shards = shard_id, num_shards
-        self.device_id = (device_id if device_id is not None else torch.cuda.current_device()) \
+        self.device_id = (opt.device_id if opt.device_id is not None else torch.cuda.current_device()) \
             if device == "gpu" else None
         self.from_store = _is_store(self.source)
+        if on_error == "skip" and not self.from_store:
+            raise ValueError("on_error='skip' needs a store (DALI's file reader cannot replace a file); pack the "
+                             "folder with `fastload convert` first, it skips and reports bad files.")
         if self.from_store:
             from fastload.load._dali_source import StoreSource
             from fastload.store.reader import StoreReader
@@ -166,7 +220,9 @@ class DALILoader:
             self.samples_per_epoch = per_rank // batch_size * batch_size if drop_last else per_rank
         self._pipe = None
         self._iter = None
+        self._partial = False  # the current pipeline started mid-epoch (after a skip): rebuild next epoch
         self.epoch = 0
+        self.skipped = 0
 
     # ---- building -------------------------------------------------------------------------
 
@@ -191,17 +247,17 @@ class DALILoader:
         mixed = self.device == "gpu"
         decoder_device = "mixed" if mixed else "cpu"
         gpu_kw = dict(device_memory_padding=_DEVICE_MEMORY_PADDING, host_memory_padding=_HOST_MEMORY_PADDING,
-                      hw_decoder_load=self.hw_decoder_load) if mixed else {}
+                      hw_decoder_load=self.options.hw_decoder_load) if mixed else {}
 
         @pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads, device_id=self.device_id,
-                      seed=self.seed + 1000 * self.shard_id, prefetch_queue_depth=self.prefetch_queue_depth,
-                      py_num_workers=self.py_workers, py_start_method="spawn")
+                      seed=self.seed + 1000 * self.shard_id, prefetch_queue_depth=self.options.prefetch_queue_depth,
+                      py_num_workers=self.options.py_workers, py_start_method="spawn")
         def pipeline():
             if self.from_store:
                 jpegs, labels, index = fn.external_source(
                     source=self._src, num_outputs=3, batch=False, parallel=True,
                     dtype=[types.UINT8, types.INT64, types.INT64], ndim=[1, 1, 1],
-                    prefetch_queue_depth=self.prefetch_queue_depth)
+                    prefetch_queue_depth=self.options.prefetch_queue_depth)
             else:
                 jpegs, labels = fn.readers.file(
                     files=self._files, labels=self._labels, name="Reader", shard_id=self.shard_id,
@@ -220,29 +276,39 @@ class DALILoader:
                 crop = None
             else:
                 images = fn.decoders.image(jpegs, device=decoder_device, output_type=types.RGB, **gpu_kw)
-                images = fn.resize(images, resize_shorter=self.resize, interp_type=types.INTERP_LINEAR,
+                images = fn.resize(images, resize_shorter=self.options.resize, interp_type=types.INTERP_LINEAR,
                                    antialias=True)
                 mirror, crop = 0, (self.size, self.size)
             images = fn.crop_mirror_normalize(
                 images, dtype=types.FLOAT, output_layout="CHW", crop=crop, crop_pos_x=0.5, crop_pos_y=0.5,
-                mean=[m * 255 for m in self.mean], std=[s * 255 for s in self.std], mirror=mirror)
+                mean=[m * 255 for m in self.options.mean], std=[s * 255 for s in self.options.std], mirror=mirror)
             if mixed:
                 labels = labels.gpu()
             return images, labels, index
 
         return pipeline()
 
-    def _make_iterator(self):
+    def _make_iterator(self, epoch: int = 0, start_batch: int = 0):
+        """A pipeline whose first batch is batch ``start_batch`` of ``epoch`` (stores only: mid-epoch)."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
+        size = self.samples_per_epoch
+        if self.from_store:
+            self._src = self._src.starting_at(epoch, start_batch * self.batch_size)
+            size = self.samples_per_epoch - start_batch * self.batch_size
         self._pipe = self._build()
-        self._pipe.build()
+        try:
+            self._pipe.build()
+        except RuntimeError as exc:
+            if "Workers initialization failed" in str(exc):
+                raise WorkerStartError(_GUARD_HINT) from exc
+            raise
         policy = LastBatchPolicy.DROP if self.drop_last else LastBatchPolicy.PARTIAL
         with warnings.catch_warnings():
             # We pad the epoch ourselves and pass its true size: that is what the warning asks about.
             warnings.filterwarnings("ignore", message=".*reader_name.*")
             if self.from_store:
-                return DALIGenericIterator([self._pipe], ["images", "labels", "index"], size=self.samples_per_epoch,
+                return DALIGenericIterator([self._pipe], ["images", "labels", "index"], size=size,
                                            last_batch_policy=policy, last_batch_padded=True, auto_reset=True)
             return DALIGenericIterator([self._pipe], ["images", "labels", "index"], reader_name="Reader",
                                        last_batch_policy=policy, auto_reset=True)
@@ -255,22 +321,43 @@ class DALILoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._iter is None:
-            self._iter = self._make_iterator()
         epoch = self.epoch
         self.epoch += 1
-        for k in range(len(self)):
+        if self._partial:  # the last pipeline started mid-epoch: its epochs do not line up
+            self.close()
+            self._partial = False
+        k, failures = 0, 0
+        while k < len(self):
             try:
+                if self._iter is None:  # DALI's iterator runs the pipeline already when it is made
+                    self._partial = self._partial or k > 0
+                    self._iter = self._make_iterator(epoch, k)
                 out = next(self._iter)[0]
             except StopIteration:
                 return
-            except RuntimeError as exc:
-                raise self._explain(exc, epoch, k) from exc
+            except WorkerStartError:
+                raise
+            except Exception as exc:
+                err = self._explain(exc, epoch, k)
+                self.close()
+                if self.on_error != "skip" or err.index is None:
+                    raise err from exc
+                failures += 1
+                self.skipped += 1
+                log.warning("skipping %s (skipped %d so far)", err.args[0].splitlines()[0], self.skipped)
+                if failures > MAX_CONSECUTIVE_SKIPS:
+                    raise TooManyCorruptSamplesError(
+                        f"{self.source}: {failures} samples failed in a row near batch {k} of epoch {epoch}; the "
+                        f"store looks damaged.\nHINT: run `fastload verify {self.source}`.") from err
+                self._src = self._src.without(err.index)  # rebuilt at the same batch, the bad sample replaced
+                continue
+            failures = 0
             images, labels = out["images"], out["labels"].view(-1).to(torch.int64)
-            if self.channels_last:
+            if self.options.channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
-            if images.dtype != self.dtype:
-                images = images.to(self.dtype)
+            if images.dtype != self.options.dtype:
+                images = images.to(self.options.dtype)
+            k += 1
             if self.return_index:
                 yield images, labels, out["index"].view(-1).to(torch.int64)
             else:
@@ -280,16 +367,16 @@ class DALILoader:
         except StopIteration:
             pass
 
-    def _explain(self, exc: RuntimeError, epoch: int, iteration: int) -> Exception:
-        """Find which sample DALI failed on (it does not say) by decoding the candidates on the CPU."""
+    def _explain(self, exc: BaseException, epoch: int, iteration: int) -> CorruptSampleError:
+        """Find which sample DALI failed on (it does not say): checksums, then a CPU decode of the candidates."""
         from fastload.image.fast import decode_rgb_fast
         from fastload.image.policy import sample_error
 
         if self.from_store:
             candidates = []
-            for it in range(iteration, iteration + self.prefetch_queue_depth + 1):
+            for it in range(iteration, iteration + self.options.prefetch_queue_depth + 2):
                 candidates += self._src.batch_indices(epoch, it)
-            for index in candidates:
+            for index in dict.fromkeys(candidates):
                 try:
                     decode_rgb_fast(self._reader.get(index))
                 except Exception as bad:
@@ -305,8 +392,9 @@ class DALILoader:
         return CorruptSampleError(f"{self.source}: DALI failed and no file fails to decode on the CPU:\n{exc}")
 
     def close(self) -> None:
-        """Stop the pipeline and its worker processes."""
+        """Stop the pipeline and its worker processes (a later ``iter()`` builds a new one)."""
         self._iter = None
+        self._partial = False
         if self._pipe is not None:
             del self._pipe
             self._pipe = None

@@ -71,7 +71,9 @@ def test_folder_source_uses_torchvisions_classes(tiny_tree):
 def test_eval_close_to_fastload_cpu_eval_preset(tiny_store):
     """Documented tolerance: mean |difference| under 0.06 in normalised units (~3.5/255)."""
     ds = LMDBImageDataset(tiny_store)
-    ld = loader(tiny_store, batch_size=4, train=False, size=48, resize=56, return_index=True)
+    from fastload.dali import DALIOptions
+
+    ld = loader(tiny_store, batch_size=4, train=False, size=48, options=DALIOptions(resize=56), return_index=True)
     images, _, index = next(iter(ld))
     ours = normalize(torch.stack([EvalTransform(48, 56).from_bytes(ds.get_bytes(i)) for i in index.tolist()]))
     diff = (images - ours).abs()
@@ -158,3 +160,65 @@ def test_dali_cpu_decoder_agrees_with_pillow_on_stored_samples(tiny_store):
         want = np.asarray(Image.open(io.BytesIO(blobs[i].tobytes())).convert("RGB")).astype(int)
         assert got.shape == want.shape
         assert np.abs(got - want).max() <= 1, (i, np.abs(got - want).max())
+
+
+@dali
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_undecodable_record_with_a_valid_checksum_is_named(tiny_store, tmp_path, train):
+    from helpers import put_undecodable
+
+    store = tmp_path / "s"
+    shutil.copytree(tiny_store, store)
+    put_undecodable(store, 9)
+    rel = LMDBImageDataset(store).samples[9][0]
+    with pytest.raises(CorruptSampleError, match=rf"sample 9 \({rel}\) failed to decode") as info:
+        for _ in loader(store, train=train):
+            pass
+    assert info.value.index == 9 and info.value.relpath == rel
+
+
+@dali
+@pytest.mark.parametrize("damage", ["undecodable", "checksum"])
+def test_skip_replaces_a_bad_sample_and_the_epoch_completes(tiny_store, tmp_path, damage, caplog):
+    from helpers import edit_store, put_undecodable
+
+    store = tmp_path / "s"
+    shutil.copytree(tiny_store, store)
+    if damage == "undecodable":
+        put_undecodable(store, 9)
+    else:
+        edit_store(store, lambda t: t.put(fmt.sample_key(9), t.get(fmt.sample_key(9))[:-1] + b"\x00"))
+    ld = loader(store, on_error="skip", return_index=True, seed=2)
+    clean = [b[2].tolist() for b in loader(tiny_store, return_index=True, seed=2)]
+    with caplog.at_level("WARNING", logger="fastload"):
+        got = [(len(y), idx.tolist()) for _, y, idx in ld]
+    assert [n for n, _ in got] == [len(b) for b in clean]  # every batch keeps its shape
+    seen = [i for _, idx in got for i in idx]
+    assert 9 not in seen and len(seen) == 24 and len(set(seen)) == 23  # one sample short, one repeated
+    assert ld.skipped == 1 and "skipping" in caplog.text and "sample 9" in caplog.text
+    second = [i for _, _, idx in ld for i in idx.tolist()]  # next epoch: a fresh pipeline, still skipping
+    assert 9 not in second and len(second) == 24
+
+
+@dali
+def test_skip_gives_up_after_twenty_bad_samples_in_a_row(tiny_store, tmp_path):
+    from fastload.errors import TooManyCorruptSamplesError
+    from helpers import edit_store
+
+    store = tmp_path / "s"
+    shutil.copytree(tiny_store, store)
+    edit_store(store, lambda t: [t.put(fmt.sample_key(i), b"rot") for i in range(24)])
+    with pytest.raises(TooManyCorruptSamplesError, match="in a row"):
+        for _ in loader(store, on_error="skip", shuffle=False):
+            pass
+
+
+@dali
+def test_script_without_main_guard_gets_the_fix_named(tiny_store, tmp_path):
+    script = tmp_path / "noguard.py"
+    script.write_text("import sys\nfrom fastload.dali import DALILoader\n"
+                      "for _ in DALILoader(sys.argv[1], 4, device='cpu', num_threads=1, size=32):\n    pass\n")
+    proc = subprocess.run([sys.executable, str(script), str(tiny_store)], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert 'if __name__ == "__main__":' in proc.stderr and "WorkerStartError" in proc.stderr

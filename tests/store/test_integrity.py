@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 
-import lmdb
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -20,6 +19,7 @@ from fastload.errors import ChecksumError, CorruptSampleError, StoreDamagedError
 from fastload.load.dataset import LMDBImageDataset
 from fastload.store import format as fmt
 from fastload.store.reader import StoreReader
+from helpers import edit_store, put_undecodable, rewrite_meta
 
 
 @pytest.fixture
@@ -29,11 +29,7 @@ def store(tmp_path, tiny_store):
     return dst
 
 
-def edit(store, fn) -> None:
-    env = lmdb.open(str(store), map_size=1 << 30)
-    with env.begin(write=True) as txn:
-        fn(txn)
-    env.close()
+edit = edit_store
 
 
 def flip(value: bytes, at: int, mask: int = 0x01) -> bytes:
@@ -136,31 +132,20 @@ def test_broken_metadata_json_is_a_named_damage_not_a_traceback(store):
     assert r.exit_code == 1 and "not valid JSON" in r.output
 
 
-def _rewrite_meta(store, mutate) -> None:
-    """Write self-consistent (checksummed) metadata whose content ``mutate`` made wrong."""
-    meta = StoreReader(store).metas[0]
-    arrays = {"labels": meta.labels.copy(), "crc32": meta.crc32.copy(), "encoding": meta.encoding.copy(),
-              "stored_as": meta.stored_as.copy()}
-    header = {k: v for k, v in meta.header.items() if k != "checksums"}
-    paths = list(meta.paths)
-    mutate(header, arrays, paths)
-    edit(store, lambda t: [t.put(k, v) for k, v in fmt.meta_records(header, arrays, paths)])
-
-
 def test_label_out_of_range_is_caught_even_with_valid_checksums(store):
-    _rewrite_meta(store, lambda h, a, p: a["labels"].__setitem__(5, 99))
+    rewrite_meta(store, lambda h, a, p: a["labels"].__setitem__(5, 99))
     with pytest.raises(StoreDamagedError, match=r"sample 5 has label 99, outside 0\.\.2"):
         LMDBImageDataset(store)
 
 
 def test_wrong_count_is_caught(store):
-    _rewrite_meta(store, lambda h, a, p: h.__setitem__("count", h["count"] + 1))
+    rewrite_meta(store, lambda h, a, p: h.__setitem__("count", h["count"] + 1))
     with pytest.raises(StoreDamagedError, match="expected"):
         LMDBImageDataset(store)
 
 
 def test_invalid_utf8_in_paths_does_not_crash(store):
-    _rewrite_meta(store, lambda h, a, p: p.__setitem__(0, "caf\udce9.jpg"))
+    rewrite_meta(store, lambda h, a, p: p.__setitem__(0, "caf\udce9.jpg"))
     ds = LMDBImageDataset(store)
     assert ds.samples[0][0].encode("utf-8", "surrogateescape") == b"caf\xe9.jpg"
 
@@ -218,9 +203,6 @@ def test_verify_checks_every_decoder_and_reports_each(store):
     out = json.loads(r.output)
     assert r.exit_code == 0 and out["ok"] and out["decoders"] == ["fastload", "pil", "torchvision", "simplejpeg"]
 
-    def bad_but_checksummed(h, a, p):
-        pass
-
     edit(store, lambda t: t.put(fmt.sample_key(2), flip(t.get(fmt.sample_key(2)), 900)))
     r = cli("verify", store, "--quiet", "--decoders", "pil,simplejpeg", "--json")
     out = json.loads(r.output)
@@ -229,11 +211,7 @@ def test_verify_checks_every_decoder_and_reports_each(store):
 
 def test_verify_names_a_record_that_decodes_badly_even_with_a_matching_checksum(store):
     """A record whose checksum matches but which no decoder can read (written by hand)."""
-    import zlib
-
-    junk = b"\xff\xd8\xff\xe0" + b"\x00" * 200
-    edit(store, lambda t: t.put(fmt.sample_key(7), junk))
-    _rewrite_meta(store, lambda h, a, p: a["crc32"].__setitem__(7, zlib.crc32(junk)))
+    put_undecodable(store, 7)
     out = json.loads(cli("verify", store, "--quiet", "--decoders", "fastload,pil,torchvision", "--json").output)
     assert {k: v for k, v in out["failing_by_decoder"].items() if v} == {"fastload": [7], "pil": [7],
                                                                           "torchvision": [7]}
