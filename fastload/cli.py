@@ -174,7 +174,7 @@ def inspect(store: Path, as_json: bool) -> None:
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
 def dataset(directory: Path | None, num_classes, per_class, seed, quiet) -> None:
-    """Generate the embedded default dataset (an ImageFolder tree) and print its path.
+    """Generate the default dataset (synthetic photos, made offline) (an ImageFolder tree) and print its path.
 
     Without DIRECTORY it goes to the cache (~/.cache/fastload, or $FASTLOAD_CACHE), where
     recipes find it.
@@ -231,7 +231,7 @@ def _data_or_default(data: Path | None) -> Path:
 def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None:
     """Conversion images/s against reading (cat) and read+decode of DATA, same pool.
 
-    DATA is an ImageFolder tree or file list [default: the embedded default dataset].
+    DATA is an ImageFolder tree or file list [default: the generated default dataset].
     """
     from fastload.measure.bench_convert import bench_convert
 
@@ -262,7 +262,7 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, paths, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, FFCV) on the same DATA.
 
-    DATA is an ImageFolder tree [default: the embedded default dataset]. Same batch size,
+    DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
     same workers, interleaved rounds in one process tree; ratios against torchvision.
     """
     from fastload.measure.bench_loader import LoaderBenchOptions, bench_loader

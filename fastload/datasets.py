@@ -1,4 +1,4 @@
-"""The embedded default dataset: a synthetic ImageFolder tree made offline, deterministically.
+"""The generated default dataset: a synthetic ImageFolder tree made offline, deterministically.
 
 Owns: generating natural-image-like JPEGs (1/f "pink" noise fields, correlated colour
 channels, a few class-specific shapes and sensor-like grain) at ImageNet-like sizes, plus
@@ -28,6 +28,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from fastload.errors import FastloadError
+from fastload.system import available_cpus
 
 __all__ = ["DatasetSpec", "DEFAULT_SPEC", "make_dataset", "cache_dir", "default_dataset_dir",
            "ensure_default_dataset"]
@@ -189,7 +190,7 @@ def make_dataset(root: str | os.PathLike[str], spec: DatasetSpec = DEFAULT_SPEC,
         (root / name).mkdir(parents=True, exist_ok=True)
     jobs = [j for j in _jobs(spec, root)
             if not (root / _CLASS_NAMES[j[2]] / _file_name(spec, j[2], j[3])).exists()]
-    workers = workers or min(len(os.sched_getaffinity(0)), 8)
+    workers = workers or min(available_cpus(), 8)
     from tqdm import tqdm
 
     with tqdm(total=len(jobs), desc=f"generating {root.name}", unit="img", disable=not progress) as bar:
@@ -214,11 +215,11 @@ def cache_dir() -> Path:
 
 
 def default_dataset_dir() -> Path:
-    """Where the embedded default dataset lives, in ``cache_dir()``."""
+    """Where the generated default dataset lives, in ``cache_dir()``."""
     tag = zlib.crc32(repr(sorted(asdict(DEFAULT_SPEC).items())).encode()) & 0xFFFF
     return cache_dir() / f"default-{tag:04x}"
 
 
 def ensure_default_dataset(*, progress: bool = False) -> Path:
-    """The embedded default dataset, generated on first use (about 800 images, ~60 MB)."""
+    """The default dataset, generated on first use (800 images, about 75 MB)."""
     return make_dataset(default_dataset_dir(), DEFAULT_SPEC, progress=progress)
