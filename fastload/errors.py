@@ -14,6 +14,7 @@
     ├── TooManyCorruptSamplesError     on_error="skip" met too many failures in a row
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
+    ├── SharedMemoryError              /dev/shm is too small for the DataLoader workers' batches in flight
     └── Overloaded                     the inference batcher's queue is full; retry later
 
 Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError`` and ``SourceError``
@@ -35,6 +36,7 @@ __all__ = [
     "TooManyCorruptSamplesError",
     "RecipeError",
     "MissingDependencyError",
+    "SharedMemoryError",
     "Overloaded",
 ]
 
@@ -97,6 +99,10 @@ class RecipeError(FastloadError, ValueError):
 
 class MissingDependencyError(FastloadError, ImportError):
     """An optional dependency is missing; the message holds the pip command that installs it."""
+
+
+class SharedMemoryError(FastloadError, RuntimeError):
+    """``/dev/shm`` cannot hold the batches worker processes would have in flight (a "Bus error" otherwise)."""
 
 
 class Overloaded(FastloadError):

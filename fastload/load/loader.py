@@ -14,6 +14,14 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
 * ``main_threads="auto"``: when workers start, the main process's intra-op threads are
   capped at ``max(1, cpus_per_process - num_workers)`` so main + workers do not
   oversubscribe the CPUs (``workers.py``). ``None`` leaves them alone; an int sets them.
+* ``backend="processes"`` (default) is torch's worker processes. ``backend="threads"``
+  makes the batches with ``num_workers`` threads of this process instead (``threads.py``:
+  no worker processes, no ``/dev/shm``, reused batch buffers, per-sample seeds).
+* Before worker processes start, ``/dev/shm`` is checked against ``num_workers ×
+  prefetch_factor ×`` the batch size in bytes (from the preset's output size, else from one
+  sample collated); when it cannot hold them, ``SharedMemoryError`` says how to fix it
+  instead of the workers dying with "Bus error" (``workers.py`` says why switching torch's
+  sharing strategy would not help).
 
 Must not: change what a batch contains (that is the dataset's and collate's business).
 """
@@ -27,7 +35,9 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import DistributedSampler, IterableDataset
 
-from fastload.load.workers import auto_num_workers, main_thread_budget
+from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
+
+BACKENDS = ("processes", "threads")
 
 __all__ = ["DataLoader"]
 
@@ -37,15 +47,22 @@ T_co = TypeVar("T_co", covariant=True)
 class DataLoader(torch.utils.data.DataLoader[T_co]):
     """A drop-in ``torch.utils.data.DataLoader``; see the module docstring for what differs.
 
-    Extra keyword-only argument:
+    Extra keyword-only arguments:
         main_threads: ``"auto"`` (default), ``None`` or an int; see the module docstring.
+        backend: ``"processes"`` (default) or ``"threads"``; see the module docstring.
+
+    Raises:
+        SharedMemoryError: (when iterated) ``/dev/shm`` is too small for the workers' batches.
     """
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=None, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 main_threads="auto"):
+                 main_threads="auto", backend="processes"):
+        if backend not in BACKENDS:
+            raise ValueError(f"Unknown value {backend!r} for argument backend. "
+                             "Valid values are 'processes', 'threads'.")
         if isinstance(num_workers, str):
             if num_workers != "auto":
                 raise ValueError(f"Unknown value {num_workers!r} for argument num_workers. "
@@ -68,8 +85,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
         self.main_threads = main_threads
+        self.backend = backend
         self._auto_sampler = auto_sampler
         self._epoch = 0
+        self._batch_bytes: int | None = None
+        if backend == "threads":
+            from fastload.load.threads import check_thread_backend
+
+            check_thread_backend(self)
 
     @property
     def epoch(self) -> int:
@@ -84,4 +107,47 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             target = main_thread_budget(self.num_workers) if self.main_threads == "auto" else self.main_threads
             if self.main_threads != "auto" or torch.get_num_threads() > target:
                 torch.set_num_threads(target)
+        if self.backend == "threads":
+            from fastload.load.threads import ThreadBatchIterator
+
+            return ThreadBatchIterator(self, epoch=self._epoch - 1)
+        if self.num_workers > 0 and getattr(self, "_iterator", None) is None:
+            self._check_shm()
         return super().__iter__()
+
+    def _check_shm(self) -> None:
+        """Raise ``SharedMemoryError`` before workers start when /dev/shm cannot hold their batches."""
+        if self._batch_bytes is None:
+            self._batch_bytes = _estimate_batch_bytes(self)
+        if self._batch_bytes:
+            check_shm(self.num_workers, self.prefetch_factor or 2, self._batch_bytes)
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _estimate_batch_bytes(loader: DataLoader) -> int:
+    """Bytes of tensors in one batch (what workers put in /dev/shm); 0 when it cannot be known cheaply.
+
+    A fastload preset says its output size; otherwise one sample is loaded and collated in
+    this process (a failure there is left to the workers to report, with their context).
+    """
+    ds, bs = loader.dataset, loader.batch_size or 1
+    size = getattr(getattr(ds, "transform", None), "size", None)
+    if callable(getattr(getattr(ds, "transform", None), "from_bytes", None)) and isinstance(size, int):
+        return bs * (3 * size * size + 8)
+    if isinstance(ds, IterableDataset):
+        return 0
+    try:
+        sample = ds[0]
+        one = loader.collate_fn([sample]) if loader._auto_collation else loader.collate_fn(sample)
+    except Exception:
+        return 0
+    return bs * _tensor_bytes(one)
