@@ -74,6 +74,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                              "Valid values are 'auto', None or an integer >= 1.")
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
+        self.backend = backend  # before torch's __init__, which calls check_worker_number_rationality
         auto_sampler = False
         if (sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset)
                 and dist.is_available() and dist.is_initialized()):
@@ -85,7 +86,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
         self.main_threads = main_threads
-        self.backend = backend
         self._auto_sampler = auto_sampler
         self._epoch = 0
         self._batch_bytes: int | None = None
@@ -93,6 +93,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             from fastload.load.threads import check_thread_backend
 
             check_thread_backend(self)
+
+    def check_worker_number_rationality(self) -> None:
+        """torch's "too many worker processes" warning, which threads (no processes) do not get."""
+        if self.backend != "threads":
+            super().check_worker_number_rationality()
 
     @property
     def epoch(self) -> int:

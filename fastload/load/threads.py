@@ -131,6 +131,7 @@ class _Pool:
                 return
             fn, args = task
             fn(*args)
+            del task, fn, args  # an idle thread must not keep the last batch (and its buffer) alive
 
     def submit(self, fn: Callable, *args) -> None:
         self.tasks.put((fn, args))
@@ -296,7 +297,7 @@ class ThreadBatchIterator(Iterator):
         images = None
         if self.fast:
             buf = self._buffers.take()
-            images = buf if len(indices) == buf.shape[0] else buf[:len(indices)]
+            images = buf[:len(indices)]  # a new tensor on the storage, so holding it shows in the use count
         batch = _Batch(indices, images)
         self._inflight.append(batch)
         for pos in range(len(indices)):
