@@ -252,3 +252,23 @@ def test_two_ranks_shard_the_thread_pipeline(tiny_store, tmp_path):
         targets = LMDBImageDataset(tiny_store).targets
         assert la == [targets[i] for i in a] and lb == [targets[i] for i in b]
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]
+
+
+@pytest.mark.gpu
+def test_pinned_batches_survive_async_copies_on_cuda(tiny_store):
+    """Pinned buffers come from torch's caching host allocator: a block is handed out again
+    only after the side-stream copy recorded on it has finished, so every device batch must
+    equal the same batch decoded on the CPU, even while the next batches are being written."""
+    from fastload.load.prefetch import DevicePrefetcher, prepare_batch
+
+    host = fast_loader(tiny_store, 3, batch_size=4, pin_memory=True)
+    first = next(iter(host))[0]
+    assert first.is_pinned()
+    reference = [prepare_batch((x.clone(), y), torch.device("cpu"))
+                 for x, y in fast_loader(tiny_store, 0, batch_size=4, pin_memory=False)]
+    for _ in range(2):  # two epochs: the second reuses the first's pinned blocks
+        got = [(x.cpu(), y.cpu()) for x, y in DevicePrefetcher(fast_loader(tiny_store, 3, batch_size=4,
+                                                                           pin_memory=True), "cuda")]
+        assert len(got) == len(reference) == 6
+        for (xa, ya), (xb, yb) in zip(got, reference):
+            assert torch.equal(ya, yb) and torch.allclose(xa, xb, atol=1e-5)
