@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{psutil.cpu_count()} CPUs")
     print(f"{'path':<10} {'img/s (median)':>15} {'peak RSS tree MB':>17} {'peak PSS tree MB':>17}")
     for p in PATHS:
-        med = statistics.median
-        print(f"{p:<10} {med(rd[p]['images_per_s'] for rd in rounds):>15.0f} "
-              f"{max(rd[p]['peak_rss_mb'] for rd in rounds):>17.0f} {max(rd[p]['peak_pss_mb'] for rd in rounds):>17.0f}")
+        speed = statistics.median(rd[p]["images_per_s"] for rd in rounds)
+        rss, pss = (max(rd[p][k] for rd in rounds) for k in ("peak_rss_mb", "peak_pss_mb"))
+        print(f"{p:<10} {speed:>15.0f} {rss:>17.0f} {pss:>17.0f}")
     print(f"threads / processes: {statistics.median(ratios):.2f}x (per round {min(ratios):.2f}-{max(ratios):.2f}x)")
     if a.json:
         a.json.write_text(json.dumps({"options": {k: (str(v) if isinstance(v, Path) else v) for k, v in
