@@ -19,7 +19,8 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
   no worker processes, no ``/dev/shm``, reused batch buffers, per-sample seeds).
 * Before worker processes start, ``/dev/shm`` is checked against ``num_workers ×
   prefetch_factor ×`` the batch size in bytes (from the preset's output size, else from one
-  sample collated); when it cannot hold them, ``SharedMemoryError`` says how to fix it
+  sample collated, for fastload's and torchvision's folder datasets only: an arbitrary
+  ``__getitem__`` is not run in the parent); when it cannot hold them, ``SharedMemoryError`` says how to fix it
   instead of the workers dying with "Bus error" (``workers.py`` says why switching torch's
   sharing strategy would not help).
 
@@ -35,6 +36,7 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import DistributedSampler, IterableDataset
 
+from fastload.load.dataset import LMDBImageDataset
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
 BACKENDS = ("processes", "threads")
@@ -138,17 +140,35 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
-def _estimate_batch_bytes(loader: DataLoader) -> int:
-    """Bytes of tensors in one batch (what workers put in /dev/shm); 0 when it cannot be known cheaply.
+def _safe_to_sample_here(ds) -> bool:
+    """Datasets whose ``ds[0]`` may run in the main process before workers fork.
 
-    A fastload preset says its output size; otherwise one sample is loaded and collated in
-    this process (a failure there is left to the workers to report, with their context).
+    Ours (its LMDB handles are reopened after fork) and torchvision's folder datasets
+    (file reads and Pillow). Anything else is not touched: an arbitrary ``__getitem__`` in
+    the parent can initialise CUDA (forked workers then fail) or open an LMDB environment
+    that forked workers would inherit.
+    """
+    if isinstance(ds, LMDBImageDataset):
+        return True
+    try:
+        from torchvision.datasets import DatasetFolder
+    except ImportError:
+        return False
+    return isinstance(ds, DatasetFolder)
+
+
+def _estimate_batch_bytes(loader: DataLoader) -> int:
+    """Bytes of tensors in one batch (what workers put in /dev/shm); 0 when it is not known.
+
+    A fastload preset says its output size; for datasets safe to read here
+    (``_safe_to_sample_here``) one sample is loaded and collated (a failure there is left
+    to the workers to report, with their context); other datasets are not checked.
     """
     ds, bs = loader.dataset, loader.batch_size or 1
     size = getattr(getattr(ds, "transform", None), "size", None)
     if callable(getattr(getattr(ds, "transform", None), "from_bytes", None)) and isinstance(size, int):
         return bs * (3 * size * size + 8)
-    if isinstance(ds, IterableDataset):
+    if isinstance(ds, IterableDataset) or not _safe_to_sample_here(ds):
         return 0
     try:
         sample = ds[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 import pytest
 import torch
@@ -18,14 +19,26 @@ from fastload.load.transforms import train_transform
 MB = 1_000_000
 
 
-class Floats(torch.utils.data.Dataset):
-    """What a torchvision ToTensor() pipeline gives: float32 CHW images."""
+class Counting(torch.utils.data.Dataset):
+    """Any other dataset: its __getitem__ must not run in the parent (CUDA, LMDB handles before fork)."""
+
+    def __init__(self) -> None:
+        self.pid, self.calls_here = os.getpid(), 0
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, i):
+        if os.getpid() == self.pid:
+            self.calls_here += 1
         return torch.zeros(3, 64, 64), i
+
+
+def float_transform():
+    """What a torchvision ToTensor() pipeline gives: float32 CHW images (3 x 64 x 64 here)."""
+    from torchvision.transforms import v2
+
+    return v2.Compose([v2.PILToTensor(), v2.Resize((64, 64), antialias=True), v2.ToDtype(torch.float32, scale=True)])
 
 
 @pytest.fixture
@@ -66,13 +79,21 @@ def test_threads_backend_needs_no_shm(tiny_store, small_shm):
     assert [b[0].shape[0] for b in batches] == [24]
 
 
-def test_generic_batches_are_sized_from_one_sample(small_shm, monkeypatch):
-    loader = DataLoader(Floats(), batch_size=4, num_workers=1, prefetch_factor=2)  # 4 x 49 KB x 2: fits
-    assert len(list(loader)) == 2
-    big = DataLoader(Floats(), batch_size=8, num_workers=2, prefetch_factor=4)  # 8 x 49 KB x 8 = 3.1 MB
+def test_torchvision_style_batches_are_sized_from_one_sample(tiny_store, small_shm, monkeypatch):
+    ds = LMDBImageDataset(tiny_store, transform=float_transform())
+    loader = DataLoader(ds, batch_size=4, num_workers=1, prefetch_factor=2)  # 4 x 49 KB x 2: fits
+    assert len(list(loader)) == 6
+    big = DataLoader(ds, batch_size=8, num_workers=2, prefetch_factor=4)  # 8 x 49 KB x 8 = 3.1 MB
     monkeypatch.setattr(workers, "shm_space", lambda path=workers.SHM_PATH: (64 * MB, 3 * MB))
     with pytest.raises(SharedMemoryError, match="2 workers x prefetch_factor 4 x 0.4 MB per batch = 3 MB"):
         iter(big)
+
+
+def test_other_datasets_are_not_read_in_the_parent(monkeypatch):
+    monkeypatch.setattr(workers, "shm_space", lambda path=workers.SHM_PATH: (64 * MB, 0))
+    ds = Counting()
+    assert len(list(DataLoader(ds, batch_size=4, num_workers=1))) == 2  # not checked: no size known
+    assert ds.calls_here == 0
 
 
 def test_num_workers_0_is_not_checked(tiny_store, small_shm):
