@@ -52,6 +52,7 @@ Must not: start processes, touch ``/dev/shm``, or copy to the device (that is
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import queue
 import threading
@@ -113,18 +114,36 @@ def _takes_generator(fn: Callable) -> bool:
         return False
 
 
+def _one_intraop_thread() -> None:
+    """Let torch ops in this thread (the resize) run on it alone, as in a DataLoader worker.
+
+    With torch's OpenMP backend every thread that runs a parallel op gets its own OpenMP
+    team, so N loader threads would each start another team of intra-op threads on the same
+    cores. ``torch.set_num_threads(1)`` cannot be used here: it also sets the process-wide
+    default and MKL's global thread count, i.e. the training thread's. ``omp_set_num_threads``
+    sets only the calling thread's value; torch's per-thread lazy initialisation (which
+    ``get_num_threads`` runs) must happen first or it would overwrite it.
+    """
+    try:
+        torch.get_num_threads()
+        ctypes.CDLL(None).omp_set_num_threads(1)
+    except (AttributeError, OSError):  # not an OpenMP build, or no libgomp/libomp symbol: nothing to cap
+        pass
+
+
 class _Pool:
     """N daemon threads running ``(fn, args)`` tasks from one queue. Holds no iterator reference."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, stopping: threading.Event) -> None:
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.stopping = threading.Event()
+        self.stopping = stopping
         self.threads = [threading.Thread(target=self._work, name=f"fastload-loader-{k}", daemon=True)
                         for k in range(n)]
         for t in self.threads:
             t.start()
 
     def _work(self) -> None:
+        _one_intraop_thread()
         while True:
             task = self.tasks.get()
             if task is None:
@@ -148,26 +167,27 @@ class _Pool:
 class _Buffers:
     """Batch buffers: pooled and reused when free (CPU), or from torch's pinned caching allocator."""
 
-    def __init__(self, shape: tuple[int, ...], pin: bool, keep: int) -> None:
-        self.shape, self.pin, self.keep = shape, pin, keep
+    def __init__(self, sample_shape: tuple[int, ...], pin: bool, keep: int) -> None:
+        self.sample_shape, self.pin, self.keep = sample_shape, pin, keep
         self.pool: list[tuple[torch.Tensor, int]] = []
         self.use_count = getattr(torch._C, "_storage_Use_Count", None)  # private; without it, no reuse
 
     def _uses(self, t: torch.Tensor) -> int:
         return self.use_count(t.untyped_storage()._cdata)
 
-    def take(self) -> torch.Tensor:
+    def take(self, n: int) -> torch.Tensor:
+        """A ``uint8`` tensor of ``n`` samples that nothing else uses (a new view on its storage)."""
         if self.pin:  # freed blocks come back only after their recorded copies completed
-            return torch.empty(self.shape, dtype=torch.uint8, pin_memory=True)
+            return torch.empty((n, *self.sample_shape), dtype=torch.uint8, pin_memory=True)
         if self.use_count is None:
-            return torch.empty(self.shape, dtype=torch.uint8)
+            return torch.empty((n, *self.sample_shape), dtype=torch.uint8)
         for buf, idle in self.pool:
-            if self._uses(buf) == idle:  # only the pool holds it: nobody can see the refill
-                return buf
-        buf = torch.empty(self.shape, dtype=torch.uint8)
+            if buf.shape[0] >= n and self._uses(buf) == idle:  # only the pool holds it: nobody sees the refill
+                return buf[:n]  # a new tensor on the storage, so holding it shows in the use count
+        buf = torch.empty((n, *self.sample_shape), dtype=torch.uint8)
         if len(self.pool) < self.keep:
             self.pool.append((buf, self._uses(buf)))
-        return buf
+        return buf[:n]
 
 
 class _Batch:
@@ -269,14 +289,13 @@ class ThreadBatchIterator(Iterator):
         self._auto_collation = loader._auto_collation
         self._timeout = loader.timeout
         self._depth = max(1, loader.prefetch_factor or 2)
-        n = int(loader.num_workers)
-        self._pool = _Pool(n) if n > 0 else None
-        stopping = self._pool.stopping if self._pool is not None else threading.Event()
+        stopping = threading.Event()
         self._job = _Job(loader, self.base_seed, epoch, self.fast, stopping)
-        self._buffers = _Buffers((loader.batch_size or 1, *self._job.shape), self._job.pin,
-                                 keep=self._depth + 2) if self.fast else None
+        self._buffers = _Buffers(self._job.shape, self._job.pin, keep=self._depth + 2) if self.fast else None
         self._inflight: deque[_Batch] = deque()
         self._exhausted = False
+        n = int(loader.num_workers)
+        self._pool = _Pool(n, stopping) if n > 0 else None  # last: nothing after it can fail and leak threads
         self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
 
     @property
@@ -296,8 +315,7 @@ class ThreadBatchIterator(Iterator):
         indices = [int(i) for i in idx] if self._auto_collation else [int(idx)]
         images = None
         if self.fast:
-            buf = self._buffers.take()
-            images = buf[:len(indices)]  # a new tensor on the storage, so holding it shows in the use count
+            images = self._buffers.take(len(indices))
         batch = _Batch(indices, images)
         self._inflight.append(batch)
         for pos in range(len(indices)):

@@ -193,6 +193,15 @@ def test_torchvision_style_transform_runs_in_threads(tiny_store):
     assert shapes == [(8, 3, 24, 24)] * 3
 
 
+def test_batch_sampler_with_uneven_batches(tiny_store):
+    ds = LMDBImageDataset(tiny_store, transform=eval_transform(32, 36))
+    batches = [[0, 1, 2], list(range(3, 13)), [13], list(range(14, 24))]
+    got = list(DataLoader(ds, batch_sampler=batches, num_workers=2, backend="threads"))
+    assert [len(y) for _, y in got] == [3, 10, 1, 10]
+    images = torch.cat([x for x, _ in got])
+    assert all(torch.equal(images[i], ds[i][0]) for i in range(N))
+
+
 def test_batch_size_none_gives_single_samples():
     loader = DataLoader(Indexed(6), batch_size=None, num_workers=2, backend="threads")
     got = list(loader)
@@ -272,3 +281,17 @@ def test_pinned_batches_survive_async_copies_on_cuda(tiny_store):
         assert len(got) == len(reference) == 6
         for (xa, ya), (xb, yb) in zip(got, reference):
             assert torch.equal(ya, yb) and torch.allclose(xa, xb, atol=1e-5)
+
+
+def test_loader_threads_run_torch_ops_single_threaded_without_touching_the_callers(tiny_store):
+    before = torch.get_num_threads()
+
+    class Probe(Indexed):
+        def __getitem__(self, i):
+            return torch.tensor([torch.get_num_threads()]), 0
+
+    seen = {int(v) for x, _ in DataLoader(Probe(), batch_size=4, num_workers=2, backend="threads",
+                                          main_threads=None) for v in x[:, 0]}
+    if torch.__config__.parallel_info().find("OpenMP") >= 0:
+        assert seen == {1}
+    assert torch.get_num_threads() == before
