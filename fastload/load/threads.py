@@ -261,6 +261,8 @@ class _Job:
         batch.labels[pos] = int(label)
 
     def _collate(self, batch: _Batch) -> None:
+        if self.stopping.is_set():  # closed: nobody will take this batch
+            return
         out = self.collate_fn(batch.samples) if self.auto_collation else self.collate_fn(batch.samples[0])
         if self.pin:
             from torch.utils.data._utils.pin_memory import pin_memory
@@ -282,6 +284,7 @@ class ThreadBatchIterator(Iterator):
     """
 
     def __init__(self, loader, epoch: int = 0) -> None:
+        self._len = len(loader)
         self._sampler_iter = iter(loader._index_sampler)  # before the base seed, as torch does
         self.base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
         self.epoch = epoch
@@ -305,6 +308,9 @@ class ThreadBatchIterator(Iterator):
 
     def __iter__(self) -> ThreadBatchIterator:
         return self
+
+    def __len__(self) -> int:
+        return self._len
 
     def _submit_next(self) -> bool:
         try:
