@@ -46,6 +46,11 @@ one handed out. Shutdown: the end of an epoch, ``close()``, or dropping the iter
 the pool and joins its threads; the threads hold no reference to the iterator, so an
 iterator abandoned mid-epoch is collected and its threads end.
 
+torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
+nothing to act on (a pool starts per epoch, in microseconds); batches always come in
+sampler order (``in_order=False`` would only reorder them); ``worker_init_fn`` and
+``IterableDataset`` are refused with the fix (``check_thread_backend``).
+
 Must not: start processes, touch ``/dev/shm``, or copy to the device (that is
 ``DevicePrefetcher``'s job).
 """
