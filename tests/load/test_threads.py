@@ -295,3 +295,17 @@ def test_loader_threads_run_torch_ops_single_threaded_without_touching_the_calle
     if torch.__config__.parallel_info().find("OpenMP") >= 0:
         assert seen == {1}
     assert torch.get_num_threads() == before
+
+
+def test_timeout_raises_instead_of_waiting_forever():
+    class Slow(Indexed):
+        def __getitem__(self, i):
+            time.sleep(1.0 if i == 2 else 0.0)
+            return super().__getitem__(i)
+
+    it = iter(DataLoader(Slow(), batch_size=2, num_workers=2, timeout=0.2, backend="threads"))
+    next(it)
+    with pytest.raises(RuntimeError, match="timed out after 0.2 seconds"):
+        next(it)
+    it.close()
+    assert wait_no_loader_threads() == []
