@@ -30,6 +30,7 @@ _EXPORTS: dict[str, str] = {
     "RecipeError": "fastload.errors",
     "MissingDependencyError": "fastload.errors",
     "WorkerStartError": "fastload.errors",
+    "SharedMemoryError": "fastload.errors",
     "Overloaded": "fastload.errors",
     # pack
     "convert": "fastload.pack.convert",
@@ -41,6 +42,7 @@ _EXPORTS: dict[str, str] = {
     "DevicePrefetcher": "fastload.load.prefetch",
     "auto_num_workers": "fastload.load.workers",
     "worker_plan": "fastload.load.workers",
+    "shm_plan": "fastload.load.workers",
     "inspect_store": "fastload.store.check",
     "verify_store": "fastload.store.check",
     "train_transform": "fastload.load.transforms",

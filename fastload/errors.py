@@ -17,6 +17,7 @@
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
     ├── WorkerStartError               loader worker processes could not start (e.g. no __main__ guard)
+    ├── SharedMemoryError              /dev/shm is too small for the DataLoader workers' batches in flight
     └── Overloaded                     the inference batcher's queue is full; retry later
 
 Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError`` and ``SourceError``
@@ -41,6 +42,7 @@ __all__ = [
     "RecipeError",
     "MissingDependencyError",
     "WorkerStartError",
+    "SharedMemoryError",
     "Overloaded",
 ]
 
@@ -121,6 +123,10 @@ class MissingDependencyError(FastloadError, ImportError):
 
 class WorkerStartError(FastloadError, RuntimeError):
     """Worker processes of a loader could not start; the message says why and how to fix it."""
+
+
+class SharedMemoryError(FastloadError, RuntimeError):
+    """``/dev/shm`` cannot hold the batches worker processes would have in flight (a "Bus error" otherwise)."""
 
 
 class Overloaded(FastloadError):

@@ -90,25 +90,33 @@ class LMDBImageDataset(torch.utils.data.Dataset):
         """The encoded image bytes of sample ``index`` exactly as stored."""
         return self._reader.get(index)
 
-    def _load(self, index: int) -> Any:
+    def _load(self, index: int, generator: torch.Generator | None = None) -> Any:
         data = self._reader.get(index)
         from_bytes = getattr(self.transform, "from_bytes", None)
         try:
             if from_bytes is not None:
-                return from_bytes(data)
+                return from_bytes(data) if generator is None else from_bytes(data, generator=generator)
             img = decode_pil(data)
         except Exception as exc:
             raise sample_error(self.root, index, self._reader.paths[index], exc) from exc
         return self.transform(img) if self.transform is not None else img
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
+        return self.getitem(index)
+
+    def getitem(self, index: int, *, generator: torch.Generator | None = None) -> tuple[Any, Any]:
+        """``dataset[index]``, with a preset's random draws taken from ``generator`` when given.
+
+        The thread pipeline (``load/threads.py``) passes each sample its own generator so
+        crops do not depend on which thread ran first. Other transforms ignore it.
+        """
         n = len(self)
         if index < 0:
             index += n
         tried = 0
         while True:
             try:
-                image = self._load(index)
+                image = self._load(index, generator)
                 break
             except CorruptSampleError as exc:
                 if self.on_error == "raise":

@@ -61,17 +61,17 @@ class _RRC:
         self.log_ratio = (log_ratio[0].item(), log_ratio[1].item())
         self.ratio = ratio
 
-    def __call__(self, height: int, width: int) -> tuple[int, int, int, int]:
+    def __call__(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
         area = height * width
         buf = torch.empty(1)
         for _ in range(10):
-            target_area = area * buf.uniform_(*self.scale).item()
-            aspect_ratio = torch.exp(buf.uniform_(*self.log_ratio)).item()
+            target_area = area * buf.uniform_(*self.scale, generator=generator).item()
+            aspect_ratio = torch.exp(buf.uniform_(*self.log_ratio, generator=generator)).item()
             w = int(round(math.sqrt(target_area * aspect_ratio)))
             h = int(round(math.sqrt(target_area / aspect_ratio)))
             if 0 < w <= width and 0 < h <= height:
-                i = torch.randint(0, height - h + 1, size=(1,)).item()
-                j = torch.randint(0, width - w + 1, size=(1,)).item()
+                i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
+                j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
                 return int(i), int(j), h, w
         ratio = self.ratio
         in_ratio = float(width) / float(height)  # fallback: central crop
@@ -137,11 +137,15 @@ class TrainTransform:
         out = _resize(chw, [self.size, self.size])
         return out.flip(-1) if flip else out
 
-    def from_bytes(self, data: bytes) -> torch.Tensor:
-        """Decode only as much as the crop needs, then crop, resize and flip."""
+    def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Decode only as much as the crop needs, then crop, resize and flip.
+
+        The crop and flip are drawn from ``generator`` when given (the thread pipeline
+        gives each sample its own), else from torch's global RNG.
+        """
         h, w = image_size(data)
-        i, j, ch, cw = self._rrc(h, w)
-        flip = bool(torch.rand(1) < self.flip_p)
+        i, j, ch, cw = self._rrc(h, w, generator)
+        flip = bool(torch.rand(1, generator=generator) < self.flip_p)
         min_h, min_w = math.ceil(h * self.size / ch), math.ceil(w * self.size / cw)
         if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
             arr = decode_rgb_region(data, i, j, ch, cw)
@@ -189,7 +193,11 @@ class EvalTransform:
         left = int(round((target[1] - self.size) / 2.0))
         return out[:, top:top + self.size, left:left + self.size]
 
-    def from_bytes(self, data: bytes) -> torch.Tensor:
+    def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Decode at the smallest DCT scale the resize allows, resize, center-crop.
+
+        ``generator`` is accepted for symmetry with ``TrainTransform`` and unused (no randomness).
+        """
         h, w = image_size(data)
         target = self._target(h, w)
         arr = decode_rgb_fast(data, min_height=target[0], min_width=target[1], size=(h, w))

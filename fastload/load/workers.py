@@ -21,6 +21,16 @@ main + workers never ask for more CPUs than the process has: on an oversubscribe
 machine every small op after a sleep pays ~15 ms waiting for OpenMP threads to be
 scheduled.
 
+/dev/shm preflight (``shm_plan``): worker processes hand each batch's tensors to the main
+process through shared memory, which on Linux lives in the ``/dev/shm`` tmpfs; up to
+``num_workers × prefetch_factor`` batches are there at once. When that does not fit, the
+worker that touches a page past the end gets SIGBUS and the user sees a bare "Bus error"
+(Docker's default ``/dev/shm`` is 64 MB). torch's ``file_system`` sharing strategy is no
+way out: it also creates its segments with ``shm_open``, i.e. in ``/dev/shm``, so it would
+change how segments are named, not how much room they have. So ``fastload.DataLoader``
+raises ``SharedMemoryError`` with the fixes instead (``docker run --shm-size``,
+``backend="threads"``, fewer workers or a smaller ``prefetch_factor``).
+
 Must not: start processes or touch CUDA beyond counting devices.
 """
 
@@ -30,9 +40,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fastload.errors import SharedMemoryError
 from fastload.system import CpuBudget, cpu_budget
 
-__all__ = ["WorkerPlan", "worker_plan", "auto_num_workers", "main_thread_budget"]
+__all__ = ["WorkerPlan", "worker_plan", "auto_num_workers", "main_thread_budget", "ShmPlan", "shm_plan",
+           "shm_space", "check_shm"]
+
+SHM_PATH = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -104,3 +118,67 @@ def main_thread_budget(num_workers: int) -> int:
     """Intra-op threads for the main process when ``num_workers`` workers share its CPUs."""
     plan = worker_plan()
     return max(1, plan.cpus_per_process - num_workers)
+
+
+def shm_space(path: str = SHM_PATH) -> tuple[int, int] | None:
+    """``(total, free)`` bytes of the filesystem at ``path``, or None where it does not exist."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+@dataclass(frozen=True)
+class ShmPlan:
+    """What DataLoader workers would keep in ``/dev/shm``, and whether it fits.
+
+    ``total_bytes``/``free_bytes`` are None where there is no ``/dev/shm`` (then ``ok``).
+    """
+
+    path: str
+    total_bytes: int | None
+    free_bytes: int | None
+    num_workers: int
+    prefetch_factor: int
+    batch_bytes: int
+    needed_bytes: int
+    ok: bool
+
+    def explain(self) -> str:
+        need = (f"{self.num_workers} workers x prefetch_factor {self.prefetch_factor} x "
+                f"{self.batch_bytes / 1e6:.1f} MB per batch = {self.needed_bytes / 1e6:.0f} MB")
+        if self.free_bytes is None:
+            return f"{self.path}: not present; workers need {need}"
+        return (f"{self.path}: {self.total_bytes / 1e6:.0f} MB, {self.free_bytes / 1e6:.0f} MB free; workers need "
+                f"{need}: " + ("OK" if self.ok else "TOO SMALL (Bus error ahead): docker run --shm-size=<N>g, "
+                                                    "or DataLoader(backend='threads'), or fewer workers"))
+
+
+def shm_plan(num_workers: int, prefetch_factor: int, batch_bytes: int, *, path: str = SHM_PATH) -> ShmPlan:
+    """Whether ``num_workers × prefetch_factor`` batches of ``batch_bytes`` fit in ``path``'s free space."""
+    for name, v in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor), ("batch_bytes", batch_bytes)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {v!r}")
+    space = shm_space(path)
+    need = num_workers * prefetch_factor * batch_bytes
+    total, free = space if space is not None else (None, None)
+    return ShmPlan(path, total, free, num_workers, prefetch_factor, batch_bytes, need,
+                   free is None or need <= free)
+
+
+def check_shm(num_workers: int, prefetch_factor: int, batch_bytes: int, *, path: str = SHM_PATH) -> ShmPlan:
+    """``shm_plan``, raising when it does not fit (what ``fastload.DataLoader`` runs before workers start).
+
+    Raises:
+        SharedMemoryError: the batches in flight need more than ``path`` has free.
+    """
+    plan = shm_plan(num_workers, prefetch_factor, batch_bytes, path=path)
+    if not plan.ok:
+        raise SharedMemoryError(
+            f"{plan.explain()}.\nDataLoader worker processes pass batches through {path}; with this much "
+            "free they would die with 'Bus error'.\nHINT: give the container more shared memory "
+            "(docker run --shm-size=8g, or in Kubernetes an emptyDir with medium: Memory mounted at "
+            f"{path}); or use fastload.DataLoader(..., backend='threads'), which needs no {path}; or lower "
+            "num_workers / prefetch_factor / batch_size.")
+    return plan

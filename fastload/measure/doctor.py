@@ -37,7 +37,7 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
     import torch
 
     from fastload.image.fast import jpeg_backend
-    from fastload.load.workers import worker_plan
+    from fastload.load.workers import shm_plan, worker_plan
 
     plan = worker_plan()
     v = package_version
@@ -72,10 +72,14 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
                      "simplejpeg": v("simplejpeg"), "pillow": v("pillow"), "lmdb": v("lmdb")},
         "dali_available": has_dali,
         "jpeg_region_decoder": jpeg_backend(),
+        # /dev/shm: what worker processes keep there (uint8 preset batches; ToTensor floats are 4x)
+        "shm": asdict(shm_plan(plan.workers, prefetch_factor, batch_bytes + 8 * batch_size)),
     }
 
 
 def format_doctor(r: dict[str, Any]) -> str:
+    from fastload.load.workers import ShmPlan
+
     gb = 1e9
     pm = r["pinned_memory"]
     lines = ["CPU",
@@ -96,6 +100,9 @@ def format_doctor(r: dict[str, Any]) -> str:
         f"{pm['batches_in_flight']} in flight (workers x prefetch_factor {pm['prefetch_factor']} + 2) = "
         f"{pm['needed_bytes'] / 1e6:.0f} MB: " + ("OK" if pm["ok"] else
                                                    "OVER BUDGET: lower prefetch_factor, workers or batch size"),
+        "/dev/shm (DataLoader worker processes pass batches through it)",
+        "  " + ShmPlan(**r["shm"]).explain(),
+        "  (float32 batches from ToTensor() need 4x that; DataLoader(backend='threads') needs none)",
         "Software",
     ]
     v = r["versions"]

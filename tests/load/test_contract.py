@@ -14,6 +14,8 @@ dali, gpu = pytest.mark.dali, pytest.mark.gpu
 PATHS = [
     ("dataloader+prefetch", "cpu"),
     pytest.param("dataloader+prefetch", "cuda", marks=gpu),
+    ("threads+prefetch", "cpu"),
+    pytest.param("threads+prefetch", "cuda", marks=gpu),
     pytest.param("dali", "cpu", marks=dali),
     pytest.param("dali", "cuda", marks=[dali, gpu]),
 ]
@@ -25,8 +27,9 @@ def make(path: str, device: str, store, size: int = 40, batch_size: int = 6):
 
         return DALILoader(store, batch_size, size=size, device="gpu" if device == "cuda" else "cpu", num_threads=1)
     ds = LMDBImageDataset(store, transform=train_transform(size))
-    return DevicePrefetcher(DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=1,
-                                       collate_fn=collate_uint8), device)
+    backend = "threads" if path == "threads+prefetch" else "processes"
+    return DevicePrefetcher(DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=1 if backend ==
+                                       "processes" else 2, collate_fn=collate_uint8, backend=backend), device)
 
 
 @pytest.mark.parametrize("path, device", PATHS)

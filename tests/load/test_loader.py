@@ -42,10 +42,10 @@ def test_worker_rule(cpus, env, gpus, workers):
     assert "CPUs per process" in plan.explain()
 
 
-def test_signature_is_torchs_plus_main_threads():
+def test_signature_is_torchs_plus_main_threads_and_backend():
     ours = inspect.signature(DataLoader.__init__).parameters
     theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
-    assert list(ours)[:len(theirs)] == list(theirs) and list(ours)[len(theirs):] == ["main_threads"]
+    assert list(ours)[:len(theirs)] == list(theirs) and list(ours)[len(theirs):] == ["main_threads", "backend"]
     for name, p in theirs.items():
         if name != "pin_memory":
             assert ours[name].default == p.default, name

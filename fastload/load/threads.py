@@ -1,0 +1,371 @@
+"""The worker-free pipeline: ``fastload.DataLoader(..., backend="threads")``.
+
+Owns: ``ThreadBatchIterator``, one epoch of batches made by a pool of threads of the
+training process: no worker processes, no pickling, no ``/dev/shm``.
+
+Why threads work here: the expensive parts of fastload's presets (libjpeg-turbo through
+simplejpeg, nvImageCodec's region decode, torch's resize kernel) release the GIL, so N
+threads decode on N cores. What they save over worker processes: the shared-memory
+segment per batch, pickling, the page faults of a fresh batch every step, and a copy of
+the dataset object per worker.
+
+Two paths, chosen per loader:
+
+* **Fast path**: an ``LMDBImageDataset`` whose transform is a fastload preset (has
+  ``from_bytes`` and an integer ``size``), no ``target_transform``, and the default (or
+  ``collate_uint8``) collate. Work is scheduled one image per task; each task writes its
+  ``uint8`` CHW image straight into its slot of the batch buffer, so there is no collate.
+  Buffers are reused, and reuse is safe by construction rather than by a contract the
+  user must remember: a batch handed out is the caller's for as long as it holds it,
+  exactly as with torch's DataLoader.
+
+  - Without CUDA, buffers come from a small pool; a buffer is refilled only when no
+    tensor anywhere (the batch, a view or a numpy array of it) still uses its storage
+    (checked with the storage's use count). If every pooled buffer is still held, a
+    fresh one is allocated.
+  - With CUDA and ``pin_memory``, every batch is ``torch.empty(..., pin_memory=True)``:
+    torch's caching host allocator hands back a freed pinned block of the same size, and
+    only once the asynchronous copies recorded on it (``DevicePrefetcher``'s side-stream
+    ``non_blocking`` copy) have completed. So composing with ``DevicePrefetcher`` never
+    overwrites a batch still being copied, and the pinned pages are reused, not re-faulted.
+
+* **Generic path**: any other map-style dataset or collate: each task runs
+  ``dataset[i]``; the thread finishing a batch's last sample runs ``collate_fn`` (and pins
+  when asked). Determinism then depends on the dataset (torch's global RNG is shared by
+  all threads, so a transform drawing from it gives crops that depend on scheduling).
+
+Determinism (fast path): each sample's random draws (crop box, flip) come from its own
+``torch.Generator`` seeded from ``(base seed, epoch, index)``. The base seed is drawn per
+epoch exactly as torch's DataLoader draws its ``_base_seed`` (one ``random_`` from the
+loader's ``generator``, else from the global RNG), after the sampler's iterator is made.
+So the same seed gives the same samples in the same batches with the same crops whatever
+the thread count, including 0 (decoding in the calling thread).
+
+Bounded: at most ``prefetch_factor`` (default 2) batches are being filled ahead of the
+one handed out. Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops
+the pool and joins its threads; the threads hold no reference to the iterator, so an
+iterator abandoned mid-epoch is collected and its threads end.
+
+torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
+nothing to act on (a pool starts per epoch, in microseconds); batches always come in
+sampler order (``in_order=False`` would only reorder them); ``worker_init_fn`` and
+``IterableDataset`` are refused with the fix (``check_thread_backend``).
+
+Must not: start processes, touch ``/dev/shm``, or copy to the device (that is
+``DevicePrefetcher``'s job).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import queue
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+from torch.utils.data._utils.collate import default_collate
+
+from fastload.load.dataset import LMDBImageDataset
+from fastload.load.transforms import collate_uint8
+
+__all__ = ["ThreadBatchIterator", "sample_seed", "check_thread_backend"]
+
+_MASK64 = (1 << 64) - 1
+JOIN_TIMEOUT_S = 30.0
+
+
+def sample_seed(base_seed: int, epoch: int, index: int) -> int:
+    """The seed of sample ``index``'s generator in ``epoch`` (splitmix64 of the three)."""
+    z = (base_seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) & ((1 << 63) - 1)
+
+
+def check_thread_backend(loader) -> None:
+    """Refuse, with the fix, what the thread backend cannot honour (called by ``DataLoader``).
+
+    Raises:
+        ValueError: an ``IterableDataset`` or a ``worker_init_fn`` with ``backend="threads"``.
+    """
+    if isinstance(loader.dataset, IterableDataset):
+        raise ValueError(
+            "backend='threads' needs a map-style dataset (with __getitem__ and __len__); got the "
+            f"IterableDataset {type(loader.dataset).__name__}.\nHINT: use backend='processes' for "
+            "iterable datasets.")
+    if loader.worker_init_fn is not None:
+        raise ValueError(
+            "worker_init_fn is called once per worker process; backend='threads' starts no worker "
+            "processes.\nHINT: do the set-up before creating the DataLoader, or use backend='processes'.")
+
+
+def _fast_path(loader) -> bool:
+    ds = loader.dataset
+    transform = getattr(ds, "transform", None)
+    return (isinstance(ds, LMDBImageDataset) and callable(getattr(transform, "from_bytes", None))
+            and isinstance(getattr(transform, "size", None), int) and ds.target_transform is None
+            and loader._auto_collation and loader.collate_fn in (default_collate, collate_uint8))
+
+
+def _takes_generator(fn: Callable) -> bool:
+    try:
+        return "generator" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _one_intraop_thread() -> None:
+    """Let torch ops in this thread (the resize) run on it alone, as in a DataLoader worker.
+
+    With torch's OpenMP backend every thread that runs a parallel op gets its own OpenMP
+    team, so N loader threads would each start another team of intra-op threads on the same
+    cores. ``torch.set_num_threads(1)`` cannot be used here: it also sets the process-wide
+    default and MKL's global thread count, i.e. the training thread's. ``omp_set_num_threads``
+    sets only the calling thread's value; torch's per-thread lazy initialisation (which
+    ``get_num_threads`` runs) must happen first or it would overwrite it.
+    """
+    try:
+        torch.get_num_threads()
+        ctypes.CDLL(None).omp_set_num_threads(1)
+    except (AttributeError, OSError):  # not an OpenMP build, or no libgomp/libomp symbol: nothing to cap
+        pass
+
+
+class _Pool:
+    """N daemon threads running ``(fn, args)`` tasks from one queue. Holds no iterator reference."""
+
+    def __init__(self, n: int, stopping: threading.Event) -> None:
+        self.tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.stopping = stopping
+        self.threads = [threading.Thread(target=self._work, name=f"fastload-loader-{k}", daemon=True)
+                        for k in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _work(self) -> None:
+        _one_intraop_thread()
+        while True:
+            task = self.tasks.get()
+            if task is None:
+                return
+            fn, args = task
+            fn(*args)
+            del task, fn, args  # an idle thread must not keep the last batch (and its buffer) alive
+
+    def submit(self, fn: Callable, *args) -> None:
+        self.tasks.put((fn, args))
+
+    def close(self) -> None:
+        self.stopping.set()  # queued tasks see it and return at once
+        for _ in self.threads:
+            self.tasks.put(None)
+        for t in self.threads:
+            if t is not threading.current_thread():
+                t.join(JOIN_TIMEOUT_S)
+
+
+class _Buffers:
+    """Batch buffers: pooled and reused when free (CPU), or from torch's pinned caching allocator."""
+
+    def __init__(self, sample_shape: tuple[int, ...], pin: bool, keep: int) -> None:
+        self.sample_shape, self.pin, self.keep = sample_shape, pin, keep
+        self.pool: list[tuple[torch.Tensor, int]] = []
+        self.use_count = getattr(torch._C, "_storage_Use_Count", None)  # private; without it, no reuse
+
+    def _uses(self, t: torch.Tensor) -> int:
+        return self.use_count(t.untyped_storage()._cdata)
+
+    def take(self, n: int) -> torch.Tensor:
+        """A ``uint8`` tensor of ``n`` samples that nothing else uses (a new view on its storage)."""
+        if self.pin:  # freed blocks come back only after their recorded copies completed
+            return torch.empty((n, *self.sample_shape), dtype=torch.uint8, pin_memory=True)
+        if self.use_count is None:
+            return torch.empty((n, *self.sample_shape), dtype=torch.uint8)
+        for buf, idle in self.pool:
+            if buf.shape[0] >= n and self._uses(buf) == idle:  # only the pool holds it: nobody sees the refill
+                return buf[:n]  # a new tensor on the storage, so holding it shows in the use count
+        buf = torch.empty((n, *self.sample_shape), dtype=torch.uint8)
+        if len(self.pool) < self.keep:
+            self.pool.append((buf, self._uses(buf)))
+        return buf[:n]
+
+
+class _Batch:
+    """One batch being filled: its indices, where samples go, and when it is done."""
+
+    def __init__(self, indices: list[int], images: torch.Tensor | None) -> None:
+        self.indices = indices
+        self.images = images
+        self.labels = [0] * len(indices)
+        self.samples: list[Any] = [None] * len(indices)
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.left = len(indices)
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        if not indices:
+            self.done.set()
+
+    def finish_one(self, finish: Callable[[_Batch], None] | None = None) -> None:
+        with self.lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            if finish is not None and self.error is None:
+                try:
+                    finish(self)
+                except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+                    self.error = exc
+            self.done.set()
+
+
+class _Job:
+    """What the tasks need, without a reference to the iterator (so it can be collected)."""
+
+    def __init__(self, loader, base_seed: int, epoch: int, fast: bool, stopping: threading.Event) -> None:
+        self.dataset = loader.dataset
+        self.collate_fn = loader.collate_fn
+        self.auto_collation = loader._auto_collation
+        self.pin = bool(loader.pin_memory) and torch.cuda.is_available()
+        self.base_seed, self.epoch, self.fast, self.stopping = base_seed, epoch, fast, stopping
+        transform = getattr(self.dataset, "transform", None)
+        self.seeded = fast and _takes_generator(transform.from_bytes)
+        if fast:
+            self.shape = (3, transform.size, transform.size)
+
+    def run(self, batch: _Batch, pos: int) -> None:
+        try:
+            if self.stopping.is_set() or batch.error is not None:
+                return
+            index = batch.indices[pos]
+            if self.fast:
+                self._fast(batch, pos, index)
+            else:
+                batch.samples[pos] = self.dataset[index]
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+            if batch.error is None:
+                batch.error = exc
+        finally:
+            batch.finish_one(None if self.fast else self._collate)
+
+    def _fast(self, batch: _Batch, pos: int, index: int) -> None:
+        gen = None
+        if self.seeded:
+            gen = torch.Generator().manual_seed(sample_seed(self.base_seed, self.epoch, index))
+        image, label = self.dataset.getitem(index, generator=gen)
+        if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or tuple(image.shape) != self.shape:
+            got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
+            raise TypeError(f"{self.dataset.root}: sample {index}: the transform gave {got}, expected a uint8 "
+                            f"tensor of shape {self.shape} for the thread pipeline's batch buffer")
+        batch.images[pos].copy_(image)
+        batch.labels[pos] = int(label)
+
+    def _collate(self, batch: _Batch) -> None:
+        if self.stopping.is_set():  # closed: nobody will take this batch
+            return
+        out = self.collate_fn(batch.samples) if self.auto_collation else self.collate_fn(batch.samples[0])
+        if self.pin:
+            from torch.utils.data._utils.pin_memory import pin_memory
+
+            out = pin_memory(out)
+        batch.result = out
+
+
+class ThreadBatchIterator(Iterator):
+    """One epoch of ``loader``'s batches, made by ``loader.num_workers`` threads.
+
+    Made by ``fastload.DataLoader.__iter__`` when ``backend="threads"``; see the module
+    docstring for the paths, buffers, determinism and shutdown.
+
+    Args:
+        loader: the ``fastload.DataLoader`` (its dataset, sampler, collate, pin_memory,
+            prefetch_factor, timeout and generator are used as torch's iterators use them).
+        epoch: the epoch number mixed into each sample's seed.
+    """
+
+    def __init__(self, loader, epoch: int = 0) -> None:
+        self._len = len(loader)
+        self._sampler_iter = iter(loader._index_sampler)  # before the base seed, as torch does
+        self.base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+        self.epoch = epoch
+        self.fast = _fast_path(loader)
+        self._auto_collation = loader._auto_collation
+        self._timeout = loader.timeout
+        self._depth = max(1, loader.prefetch_factor or 2)
+        stopping = threading.Event()
+        self._job = _Job(loader, self.base_seed, epoch, self.fast, stopping)
+        self._buffers = _Buffers(self._job.shape, self._job.pin, keep=self._depth + 2) if self.fast else None
+        self._inflight: deque[_Batch] = deque()
+        self._exhausted = False
+        n = int(loader.num_workers)
+        self._pool = _Pool(n, stopping) if n > 0 else None  # last: nothing after it can fail and leak threads
+        self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The pool's threads (empty with ``num_workers=0``)."""
+        return list(self._pool.threads) if self._pool is not None else []
+
+    def __iter__(self) -> ThreadBatchIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _submit_next(self) -> bool:
+        try:
+            idx = next(self._sampler_iter)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        indices = [int(i) for i in idx] if self._auto_collation else [int(idx)]
+        images = None
+        if self.fast:
+            images = self._buffers.take(len(indices))
+        batch = _Batch(indices, images)
+        self._inflight.append(batch)
+        for pos in range(len(indices)):
+            if self._pool is not None:
+                self._pool.submit(self._job.run, batch, pos)
+        return True
+
+    def _fill(self) -> None:
+        while not self._exhausted and len(self._inflight) < self._depth:
+            if not self._submit_next():
+                break
+
+    def __next__(self) -> Any:
+        if self._pool is None:  # num_workers=0: the same tasks, in the calling thread
+            if not self._inflight and not self._submit_next():
+                raise StopIteration
+            batch = self._inflight.popleft()
+            for pos in range(len(batch.indices)):
+                self._job.run(batch, pos)
+        else:
+            if not self._inflight:
+                self._fill()
+            if not self._inflight:
+                self.close()
+                raise StopIteration
+            batch = self._inflight[0]
+            self._inflight.popleft()
+            self._fill()  # keep the threads busy while this one finishes and is used
+            if not batch.done.wait(self._timeout if self._timeout > 0 else None):
+                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+        if batch.error is not None:
+            raise batch.error
+        if self.fast:
+            return batch.images, torch.tensor(batch.labels, dtype=torch.int64)
+        return batch.result
+
+    def close(self) -> None:
+        """Stop the pool and join its threads (idempotent); later ``next()`` calls end the epoch."""
+        self._exhausted = True
+        self._inflight.clear()
+        if self._closer is not None:
+            self._closer()

@@ -1,0 +1,311 @@
+"""fastload.DataLoader(backend="threads"): coverage, determinism, buffers, on_error, shutdown, errors."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import lmdb
+import pytest
+import torch
+
+from fastload.errors import CorruptSampleError
+from fastload.load.dataset import LMDBImageDataset
+from fastload.load.loader import DataLoader
+from fastload.load.threads import ThreadBatchIterator, sample_seed
+from fastload.load.transforms import eval_transform, train_transform
+from fastload.store import format as fmt
+
+N = 24  # tiny_store: 3 classes x 8
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Any map-style dataset: the generic path (dataset[i] in threads + collate)."""
+
+    def __init__(self, n: int = N, fail_at: int | None = None) -> None:
+        self.n, self.fail_at = n, fail_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.fail_at:
+            raise KeyError(f"no sample {i}")
+        return torch.tensor([i]), i % 3
+
+
+def fast_loader(store, threads: int, seed: int | None = 7, **kw) -> DataLoader:
+    ds = LMDBImageDataset(store, transform=train_transform(32))
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    return DataLoader(ds, batch_size=kw.pop("batch_size", 5), shuffle=kw.pop("shuffle", True), num_workers=threads,
+                      generator=gen, backend="threads", **kw)
+
+
+def loader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fastload-loader-")]
+
+
+def wait_no_loader_threads(timeout: float = 10.0) -> list[threading.Thread]:
+    deadline = time.monotonic() + timeout
+    while loader_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return loader_threads()
+
+
+def test_every_sample_once_per_epoch_generic_path():
+    loader = DataLoader(Indexed(), batch_size=5, shuffle=True, num_workers=3, backend="threads")
+    assert len(loader) == 5
+    epochs = []
+    for _ in range(2):
+        batches = list(loader)
+        assert [len(b[0]) for b in batches] == [5, 5, 5, 5, 4]
+        epochs.append([int(i) for images, _ in batches for i in images[:, 0]])
+        assert sorted(epochs[-1]) == list(range(N))
+    assert epochs[0] != epochs[1]  # reshuffled
+
+
+def test_fast_path_every_sample_once_in_sampler_order(tiny_store):
+    ds = LMDBImageDataset(tiny_store, transform=eval_transform(32, 36))
+    loader = DataLoader(ds, batch_size=7, shuffle=False, num_workers=3, backend="threads")
+    batches = list(loader)
+    assert [b[0].shape for b in batches] == [(7, 3, 32, 32)] * 3 + [(3, 3, 32, 32)]
+    labels = torch.cat([b[1] for b in batches])
+    assert labels.dtype == torch.int64 and labels.tolist() == ds.targets
+    images = torch.cat([b[0] for b in batches])
+    for i in range(N):  # each slot holds exactly its sample
+        assert torch.equal(images[i], ds[i][0]), i
+
+
+def test_fast_path_crops_come_from_per_sample_seeds(tiny_store):
+    loader = fast_loader(tiny_store, 2, shuffle=False, batch_size=8)
+    it = iter(loader)
+    assert isinstance(it, ThreadBatchIterator) and it.fast
+    images = torch.cat([b[0] for b in it])
+    ds = loader.dataset
+    for i in range(N):
+        gen = torch.Generator().manual_seed(sample_seed(it.base_seed, 0, i))
+        assert torch.equal(images[i], ds.getitem(i, generator=gen)[0]), i
+
+
+@pytest.mark.parametrize("other", [0, 3])
+def test_same_seed_same_batches_whatever_the_thread_count(tiny_store, other):
+    def run(threads):
+        loader = fast_loader(tiny_store, threads, seed=11)
+        return [[(x.clone(), y.clone()) for x, y in loader] for _ in range(2)]
+
+    one, many = run(1), run(other)
+    for e in range(2):
+        assert len(one[e]) == len(many[e]) == 5
+        for (xa, ya), (xb, yb) in zip(one[e], many[e]):
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    assert not all(torch.equal(a[0], b[0]) for a, b in zip(one[0], one[1]))  # epochs differ
+    other_seed = [x for x, _ in fast_loader(tiny_store, 1, seed=12)]
+    assert not all(torch.equal(a[0], b) for a, b in zip(one[0], other_seed))
+
+
+def test_batches_held_by_the_caller_are_never_overwritten(tiny_store):
+    kept = [(x, y) for x, y in fast_loader(tiny_store, 3, shuffle=False, batch_size=4, prefetch_factor=1)]
+    fresh = [(x.clone(), y) for x, y in fast_loader(tiny_store, 0, shuffle=False, batch_size=4)]
+    assert len({x.data_ptr() for x, _ in kept}) == len(kept)  # all held at once: all distinct buffers
+    for (xa, ya), (xb, yb) in zip(kept, fresh):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_buffers_are_reused_once_released(tiny_store):
+    loader = fast_loader(tiny_store, 2, shuffle=False, batch_size=4, prefetch_factor=1)
+    ptrs = []
+    for x, _ in loader:
+        ptrs.append(x.data_ptr())
+        del x
+    assert len(ptrs) == 6 and len(set(ptrs)) < len(ptrs)
+
+
+def test_drop_last_and_sampler(tiny_store):
+    loader = fast_loader(tiny_store, 2, batch_size=5, drop_last=True)
+    assert [len(y) for _, y in loader] == [5] * 4
+    sampler = torch.utils.data.SubsetRandomSampler([1, 3, 5, 7], generator=torch.Generator().manual_seed(0))
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(32))
+    got = DataLoader(ds, batch_size=3, sampler=sampler, num_workers=2, backend="threads")
+    labels = sorted(int(v) for _, y in got for v in y)
+    assert labels == sorted(ds.targets[i] for i in (1, 3, 5, 7))
+
+
+def writable_copy(store, tmp_path):
+    dst = tmp_path / "copy.lmdb"
+    shutil.copytree(store, dst)
+    return dst
+
+
+def corrupt(store, index: int) -> None:
+    env = lmdb.open(str(store), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(fmt.sample_key(index), b"\xff\xd8\xff not a jpeg")
+    env.close()
+
+
+def test_on_error_skip_replaces_the_bad_sample(tiny_store, tmp_path):
+    store = writable_copy(tiny_store, tmp_path)
+    corrupt(store, 4)
+    ds = LMDBImageDataset(store, transform=eval_transform(32, 36), on_error="skip")
+    batches = list(DataLoader(ds, batch_size=6, shuffle=False, num_workers=3, backend="threads"))
+    images, labels = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+    assert len(labels) == N and ds.skipped == 1
+    good = LMDBImageDataset(tiny_store, transform=eval_transform(32, 36))
+    assert torch.equal(images[4], good[5][0]) and labels[4] == good.targets[5]  # the next good sample
+    assert torch.equal(images[3], good[3][0])
+
+
+def test_on_error_raise_names_the_sample(tiny_store, tmp_path):
+    store = writable_copy(tiny_store, tmp_path)
+    corrupt(store, 4)
+    ds = LMDBImageDataset(store, transform=train_transform(32))
+    with pytest.raises(CorruptSampleError, match=f"sample 4 \\({ds.samples[4][0]}\\)") as info:
+        list(DataLoader(ds, batch_size=6, shuffle=False, num_workers=2, backend="threads"))
+    del info  # its traceback holds the iterator; once that goes, the pool goes
+    gc.collect()
+    assert wait_no_loader_threads() == []
+
+
+def test_generic_dataset_error_reaches_the_caller():
+    loader = DataLoader(Indexed(fail_at=7), batch_size=4, num_workers=2, backend="threads")
+    it = iter(loader)
+    next(it)
+    with pytest.raises(KeyError, match="no sample 7"):
+        next(it)
+    it.close()
+
+
+def test_torchvision_style_transform_runs_in_threads(tiny_store):
+    from torchvision.transforms import v2
+
+    tv = v2.Compose([v2.PILToTensor(), v2.RandomResizedCrop(24, antialias=True), v2.ToDtype(torch.float32, scale=True)])
+    ds = LMDBImageDataset(tiny_store, transform=tv)
+    loader = DataLoader(ds, batch_size=8, num_workers=2, backend="threads")
+    it = iter(loader)
+    assert not it.fast
+    shapes = [x.shape for x, _ in it]
+    assert shapes == [(8, 3, 24, 24)] * 3
+
+
+def test_batch_sampler_with_uneven_batches(tiny_store):
+    ds = LMDBImageDataset(tiny_store, transform=eval_transform(32, 36))
+    batches = [[0, 1, 2], list(range(3, 13)), [13], list(range(14, 24))]
+    got = list(DataLoader(ds, batch_sampler=batches, num_workers=2, backend="threads"))
+    assert [len(y) for _, y in got] == [3, 10, 1, 10]
+    images = torch.cat([x for x, _ in got])
+    assert all(torch.equal(images[i], ds[i][0]) for i in range(N))
+
+
+def test_batch_size_none_gives_single_samples():
+    loader = DataLoader(Indexed(6), batch_size=None, num_workers=2, backend="threads")
+    got = list(loader)
+    assert [int(x[0]) for x, _ in got] == list(range(6))
+
+
+def test_shutdown_mid_epoch_leaves_no_thread(tiny_store):
+    assert wait_no_loader_threads() == []
+    loader = fast_loader(tiny_store, 3, batch_size=2)
+    it = iter(loader)
+    next(it)
+    assert len(loader_threads()) == 3
+    it.close()
+    assert wait_no_loader_threads() == []
+    with pytest.raises(StopIteration):
+        next(it)
+    for i, _ in enumerate(loader):  # a for-loop left with break: the iterator is dropped
+        if i == 1:
+            break
+    gc.collect()
+    assert wait_no_loader_threads() == []
+    list(loader)  # a full epoch ends its pool too
+    assert wait_no_loader_threads() == []
+
+
+def test_num_workers_0_decodes_in_the_calling_thread(tiny_store):
+    it = iter(fast_loader(tiny_store, 0))
+    assert it.threads == [] and len(list(it)) == 5 and loader_threads() == []
+
+
+def test_refuses_what_threads_cannot_honour():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from range(3)
+
+    with pytest.raises(ValueError, match="map-style dataset"):
+        DataLoader(Stream(), batch_size=2, num_workers=2, backend="threads")
+    with pytest.raises(ValueError, match="worker_init_fn"):
+        DataLoader(Indexed(), batch_size=2, num_workers=2, worker_init_fn=print, backend="threads")
+    with pytest.raises(ValueError, match="Valid values are 'processes', 'threads'"):
+        DataLoader(Indexed(), backend="thread")
+
+
+@pytest.mark.slow
+def test_two_ranks_shard_the_thread_pipeline(tiny_store, tmp_path):
+    script = Path(__file__).with_name("ddp_threads_check.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(script), str(tiny_store), str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["sampler"] == "DistributedSampler" for r in ranks)
+    for epoch in range(2):
+        a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
+        assert len(a) == len(b) == N // 2 and not set(a) & set(b) and sorted(a + b) == list(range(N))
+        la, lb = ranks[0]["labels"][epoch], ranks[1]["labels"][epoch]  # the fast path, same shards
+        targets = LMDBImageDataset(tiny_store).targets
+        assert la == [targets[i] for i in a] and lb == [targets[i] for i in b]
+    assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]
+
+
+@pytest.mark.gpu
+def test_pinned_batches_survive_async_copies_on_cuda(tiny_store):
+    """Pinned buffers come from torch's caching host allocator: a block is handed out again
+    only after the side-stream copy recorded on it has finished, so every device batch must
+    equal the same batch decoded on the CPU, even while the next batches are being written."""
+    from fastload.load.prefetch import DevicePrefetcher, prepare_batch
+
+    host = fast_loader(tiny_store, 3, batch_size=4, pin_memory=True)
+    first = next(iter(host))[0]
+    assert first.is_pinned()
+    reference = [prepare_batch((x.clone(), y), torch.device("cpu"))
+                 for x, y in fast_loader(tiny_store, 0, batch_size=4, pin_memory=False)]
+    for _ in range(2):  # two epochs: the second reuses the first's pinned blocks
+        got = [(x.cpu(), y.cpu()) for x, y in DevicePrefetcher(fast_loader(tiny_store, 3, batch_size=4,
+                                                                           pin_memory=True), "cuda")]
+        assert len(got) == len(reference) == 6
+        for (xa, ya), (xb, yb) in zip(got, reference):
+            assert torch.equal(ya, yb) and torch.allclose(xa, xb, atol=1e-5)
+
+
+def test_loader_threads_run_torch_ops_single_threaded_without_touching_the_callers(tiny_store):
+    before = torch.get_num_threads()
+
+    class Probe(Indexed):
+        def __getitem__(self, i):
+            return torch.tensor([torch.get_num_threads()]), 0
+
+    seen = {int(v) for x, _ in DataLoader(Probe(), batch_size=4, num_workers=2, backend="threads",
+                                          main_threads=None) for v in x[:, 0]}
+    if torch.__config__.parallel_info().find("OpenMP") >= 0:
+        assert seen == {1}
+    assert torch.get_num_threads() == before
+
+
+def test_timeout_raises_instead_of_waiting_forever():
+    class Slow(Indexed):
+        def __getitem__(self, i):
+            time.sleep(1.0 if i == 2 else 0.0)
+            return super().__getitem__(i)
+
+    it = iter(DataLoader(Slow(), batch_size=2, num_workers=2, timeout=0.2, backend="threads"))
+    next(it)
+    with pytest.raises(RuntimeError, match="timed out after 0.2 seconds"):
+        next(it)
+    it.close()
+    assert wait_no_loader_threads() == []
