@@ -49,6 +49,9 @@ def main() -> None:
               help="Downscale images whose LONGER side exceeds N to N (re-encoded as JPEG).")
 @click.option("--quality", type=click.IntRange(1, 100), default=None,
               help="JPEG quality for re-encoding [default: 90 with --max-side]. Alone, re-encodes every image.")
+@click.option("--encoding", type=click.Choice(["jpeg", "raw", "auto"]), default="jpeg", show_default=True,
+              help="jpeg: encoded images (originals where every decoder agrees); raw: RGB pixels, no decode when "
+                   "training (10-15x the bytes); auto: raw up to 256x256 pixels (after --max-side), jpeg above.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True,
@@ -70,7 +73,7 @@ def main() -> None:
               help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
-def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, shard_index, strict,
+def convert(src: Path, dst: Path, max_side, quality, encoding, shuffle, seed, num_shards, shard_index, strict,
             workers, max_pixels, chunk_size, max_file_bytes, follow_symlinks, num_classes, quiet) -> None:
     """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
 
@@ -83,7 +86,7 @@ def convert(src: Path, dst: Path, max_side, quality, shuffle, seed, num_shards, 
 
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
-    opts = ConvertOptions(max_side=max_side, quality=quality, shuffle=shuffle, seed=seed,
+    opts = ConvertOptions(max_side=max_side, quality=quality, encoding=encoding, shuffle=shuffle, seed=seed,
                           num_shards=num_shards, shard_index=shard_index, strict=strict, workers=workers,
                           chunk_size=chunk_size, max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
                           max_file_bytes=max_file_bytes or DEFAULT_MAX_FILE_BYTES, follow_symlinks=follow_symlinks,

@@ -28,6 +28,10 @@ Pillow keep no shared decoder state; nvImageCodec's decoder is not safe to share
 thread gets its own (``threading.local``). A region decode that nvImageCodec cannot do
 falls back to a full decode and is counted (``fallback_counts()``, shown by ``doctor``).
 
+Raw records (``convert --encoding raw|auto``, a binary PPM header + HWC pixels) are not
+decoded at all: the pixels are copied out of the record (only the crop region, for a
+region decode).
+
 Must not: apply augmentation (``transforms.py``) or know about batches.
 """
 
@@ -42,7 +46,7 @@ import numpy as np
 from PIL import Image
 
 from fastload.image.policy import (DEFAULT_MAX_PIXELS, check_pixels, decode_reference, decode_rgb, is_jpeg,
-                                   open_image, sniff)
+                                   open_image, raw_header, sniff)
 
 __all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "jpeg_backend", "fallback_counts"]
 
@@ -103,6 +107,10 @@ def image_size(data: bytes) -> tuple[int, int]:
             pass
     elif kind == "png" and len(data) >= 24:
         return int.from_bytes(data[20:24], "big"), int.from_bytes(data[16:20], "big")
+    elif kind == "pnm":
+        raw = raw_header(data)
+        if raw is not None:
+            return raw[0], raw[1]
     img = open_image(data)
     return img.height, img.width
 
@@ -132,6 +140,10 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
             return sj.decode_jpeg(data, colorspace="RGB")
         except ValueError:
             pass  # refused by libjpeg-turbo's strict API: let Pillow decide (and name the problem)
+    raw = raw_header(data) if data[:2] == b"P6" else None
+    if raw is not None:  # raw pixels: nothing to decode (a copy: the store's bytes are read-only)
+        h, w, off = raw
+        return np.frombuffer(data, dtype=np.uint8, count=3 * h * w, offset=off).reshape(h, w, 3).copy()
     return decode_rgb(data)
 
 
@@ -162,6 +174,11 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
         if _FALLBACKS["region"] == 1:
             log.debug("nvImageCodec region decode failed; decoding the whole image instead (counted in "
                       "fastload.image.fast.fallback_counts())")
+    raw = raw_header(data) if data[:2] == b"P6" else None
+    if raw is not None:  # raw pixels: copy only the region
+        h, w, off = raw
+        view = np.frombuffer(data, dtype=np.uint8, count=3 * h * w, offset=off).reshape(h, w, 3)
+        return np.ascontiguousarray(view[top:top + height, left:left + width])
     return decode_rgb_fast(data)[top:top + height, left:left + width]
 
 

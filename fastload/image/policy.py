@@ -68,6 +68,9 @@ DEFAULT_MAX_PIXELS = 2 * 89_478_485
 #: Files larger than this are not read at conversion (``--max-file-bytes``).
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 CANONICAL_JPEG_QUALITY = 95
+#: ``--encoding auto`` stores raw pixels for images up to this many pixels (256 x 256), encoded above.
+AUTO_RAW_MAX_PIXELS = 256 * 256
+ENCODING_CHOICES = ("jpeg", "raw", "auto")
 
 _JPEG_OK_SOF = {0xC0, 0xC1, 0xC2}  # baseline, extended sequential, progressive (Huffman)
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
@@ -76,6 +79,27 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 # libjpeg-turbo warnings that mean the pixels are not all there or not what was encoded
 _JPEG_DAMAGE = ("premature end", "huffman", "corrupt jpeg data: bad", "invalid", "truncated", "unexpected marker")
+
+
+def encode_raw(rgb: np.ndarray) -> bytes:
+    """Raw pixels as a binary PPM (P6, 8-bit RGB): no decode to read, and every decoder here reads PPM."""
+    h, w = rgb.shape[:2]
+    return b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(rgb, dtype=np.uint8).tobytes()
+
+
+def raw_header(data: bytes) -> tuple[int, int, int] | None:
+    """``(height, width, offset of the pixels)`` of a record written by ``encode_raw``, else None."""
+    if data[:3] != b"P6\n":
+        return None
+    end = data.find(b"\n255\n", 3, 40)
+    if end < 0:
+        return None
+    try:
+        w, h = (int(v) for v in data[3:end].split(b" "))
+    except ValueError:
+        return None
+    off = end + 5
+    return (h, w, off) if len(data) == off + 3 * w * h else None
 
 
 class BadImage(Exception):
@@ -87,7 +111,7 @@ class Prepared:
     """What to store for one source file."""
 
     data: bytes
-    encoding: str  # "jpeg" | "png"
+    encoding: str  # "jpeg" | "png" | "raw"
     stored_as: str  # "original" | "canonicalised" | "reencoded"
     reason: str | None  # why it was canonicalised / re-encoded
     width: int
@@ -445,7 +469,7 @@ def _accept(data: bytes, encoding: str, rgb: np.ndarray | None, size: tuple[int,
 
 
 def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int | None = None,
-            quality: int | None = None) -> Prepared:
+            quality: int | None = None, encoding: str = "jpeg") -> Prepared:
     """Validate one file and decide what to store for it (the rules are in the module docstring).
 
     Args:
@@ -454,6 +478,10 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
         max_side: re-encode images whose longer side exceeds this, downscaled to it.
         quality: JPEG quality for re-encoding; given without ``max_side`` it re-encodes
             every image at that quality.
+        encoding: ``"jpeg"``: encoded images (originals where the rule allows);
+            ``"raw"``: every image as raw RGB pixels (after ``max_side``); ``"auto"``: raw
+            for images of at most ``AUTO_RAW_MAX_PIXELS`` pixels (after ``max_side``),
+            encoded above.
 
     Raises:
         BadImage: the file is damaged or not a usable image; the message says why.
@@ -477,6 +505,17 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
     if obstacle is None and kind == "jpeg" and (fast is None or not np.array_equal(fast, rgb)):
         obstacle = "JPEG that libjpeg-turbo and Pillow decode to different pixels"
     resize = max_side is not None and max(w, h) > max_side
+    if encoding not in ENCODING_CHOICES:
+        raise ValueError(f"Unknown value {encoding!r} for argument encoding. Valid values are {ENCODING_CHOICES}.")
+    if encoding != "jpeg":
+        out_size = (w, h)
+        if resize:
+            scale = max_side / max(w, h)  # type: ignore[operator]
+            out_size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        if encoding == "raw" or out_size[0] * out_size[1] <= AUTO_RAW_MAX_PIXELS:
+            out_img = rgb_img.resize(out_size, Image.LANCZOS, reducing_gap=3.0) if resize else rgb_img
+            why = "raw pixels" + (f", downscaled to longer side {max_side}" if resize else "")
+            return Prepared(encode_raw(np.asarray(out_img)), "raw", "reencoded", why, *out_size)
     reencode = resize or (quality is not None and max_side is None)
     if obstacle is None and not reencode:
         return Prepared(data, kind, "original", None, w, h)  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ decodes it with every decoder asked for, comparing the pixels with the reference
 labels inside the class range, one path per sample: ``format.parse_meta``).
 
 Decoders (``--decoders``): ``fastload`` (the fast path the loaders use; the default),
-``pil``, ``torchvision`` (``torchvision.io.decode_image``), ``simplejpeg`` (JPEG records
-only), ``dali`` (DALI's CPU decoder). A decoder disagrees when the mean absolute
+``pil``, ``torchvision`` (``torchvision.io.decode_image``; not raw records), ``simplejpeg``
+(JPEG records only), ``dali`` (DALI's CPU decoder). A decoder disagrees when the mean absolute
 difference from Pillow's pixels is above ``DISAGREE_BOUND`` (0 for libjpeg-turbo based
 decoders, which are bit-exact; 0.5 grey levels for DALI).
 
@@ -116,6 +116,8 @@ class _Decoders:
 
             return decode_rgb(data)
         if name == "torchvision":
+            if data[:2] == b"P6":  # raw records: torchvision.io reads no PPM, and there is nothing to decode
+                return None
             import torch
             from torchvision.io import ImageReadMode, decode_image
 
@@ -137,7 +139,9 @@ class _Decoders:
 
             feed: list[np.ndarray] = []
 
-            @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_dynamic=True)
+            # not pipelined, no prefetch: the source is called exactly once per run, for this record
+            @pipeline_def(batch_size=1, num_threads=1, device_id=None, exec_pipelined=False, exec_async=False,
+                          prefetch_queue_depth=1)
             def pipe():
                 raw = fn.external_source(source=lambda: [feed.pop()], batch=True, dtype=types.UINT8, ndim=1)
                 return fn.decoders.image(raw, device="cpu", output_type=types.RGB)

@@ -7,8 +7,9 @@ writes).
 
 Layout of one store (an LMDB environment directory):
 
-* ``SAMPLE_KEY(i)`` = ``i`` as 8 bytes big-endian → the encoded image bytes exactly as
-  stored (JPEG or PNG). Fixed width, so LMDB's byte order is sample order.
+* ``SAMPLE_KEY(i)`` = ``i`` as 8 bytes big-endian → the image bytes exactly as stored
+  (JPEG, PNG, or raw RGB pixels as a binary PPM: ``P6`` header + HWC bytes). Fixed width,
+  so LMDB's byte order is sample order.
 * ``~build`` → JSON written by the first transaction of a conversion: format version,
   source fingerprint and the options. Lets a rerun resume, and refuses to mix sources.
 * ``~chunk/<8-byte n>`` → JSON for each committed chunk: what it consumed from the source,
@@ -56,7 +57,7 @@ META_CHECK_KEY = b"~meta-check"
 _ARRAY_DTYPES = {"labels": np.int64, "crc32": np.uint32, "encoding": np.uint8, "stored_as": np.uint8}
 
 #: ``encoding`` codes: what kind of bytes a record holds.
-ENCODINGS = ("jpeg", "png")
+ENCODINGS = ("jpeg", "png", "raw")
 #: ``stored_as`` codes: original bytes, canonicalised for decoder agreement, re-encoded on request.
 STORED_AS = ("original", "canonicalised", "reencoded")
 

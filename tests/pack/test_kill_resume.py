@@ -41,11 +41,12 @@ def cli(*args) -> list[str]:
 
 
 @pytest.mark.slow
-def test_sigkill_then_rerun_gives_the_same_records(tmp_path):
+@pytest.mark.parametrize("encoding", ["jpeg", "raw"])
+def test_sigkill_then_rerun_gives_the_same_records(tmp_path, encoding):
     src = make_dataset(tmp_path / "src", DatasetSpec(num_classes=4, per_class=40, min_side=64, max_side=240, seed=5),
                        workers=2)
     dst = tmp_path / "killed"
-    cmd = cli("convert", src, dst, "--quiet", "--chunk-size", "3", "--workers", "1")
+    cmd = cli("convert", src, dst, "--quiet", "--chunk-size", "3", "--workers", "1", "--encoding", encoding)
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while committed_chunks(dst) < 3:
@@ -59,8 +60,8 @@ def test_sigkill_then_rerun_gives_the_same_records(tmp_path):
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr
     assert "resumed after" in rerun.stdout
-    straight = subprocess.run(cli("convert", src, tmp_path / "straight", "--quiet"), capture_output=True,
-                              text=True, timeout=300)
+    straight = subprocess.run(cli("convert", src, tmp_path / "straight", "--quiet", "--encoding", encoding),
+                              capture_output=True, text=True, timeout=300)
     assert straight.returncode == 0, straight.stderr
     assert records(dst) == records(tmp_path / "straight")
 
