@@ -411,8 +411,11 @@ def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, i
     total = len(selected_stages(rec, stages)) * rec.run.rounds * (rec.run.warmup + rec.run.steps)
     bar = progress_bar(total=total, unit="step", disable=quiet or not lead)
 
+    current = [""]
+
     def on_step(name: str) -> None:
-        if bar.desc != f"stage {name}: ":  # redraw once per stage change, not per step (log files)
+        if current[0] != name:  # redraw once per stage change, not per step (log files)
+            current[0] = name
             bar.set_description(f"stage {name}")
         bar.update()
 

@@ -91,6 +91,10 @@ def verdict(rows: list[dict]) -> str:
                      f"baseline, data wait {base['data_wait_fraction']:.0%} -> {best['data_wait_fraction']:.0%}")
     else:
         parts.append(f"'{best['name']}' is fastest")
+    rivals = [r["name"] for r in ran if r is not best and overlap(r.get("images_per_s_ci95"),
+                                                                  best.get("images_per_s_ci95"))]
+    if rivals:
+        parts.append(f"within noise of {', '.join(repr(n) for n in rivals)} (95% intervals overlap)")
     waiting = max(best["data_wait_fraction"], best["gpu_idle_fraction"])
     if waiting > DATA_BOUND_THRESHOLD:
         parts.append(f"it is still data-bound ({idle_name} {best['gpu_idle_fraction']:.0%}): more CPUs, a "
@@ -134,8 +138,8 @@ def format_table(rows: list[dict]) -> str:
     if any(r["idle_source"] == "host-clock" for r in ran):
         lines.append("* no CUDA: device idle from host clocks (time outside the model step)")
     if ran:
-        lines.append("same output: " + CONTRACT + "; normalised in: "
-                     + ", ".join(f"{r['name']} {r['normalises']}" for r in ran if r.get("normalises")))
+        lines.append(f"same output: {CONTRACT}. Where each stage normalises:")
+        lines += [f"  {r['name']:<14}{r['normalises']}" for r in ran if r.get("normalises")]
     for r in ran:
         if "eviction_confirmed" in r:
             ev = r["cache_evictions"]
