@@ -1,12 +1,12 @@
 """What a recipe run leaves behind: the comparison table, the verdict, and the files.
 
 Owns: the table (stage, median images/s with its 95% interval, data wait %, GPU idle %,
-speedup vs baseline, "~" where the stage's interval overlaps the baseline's: within
-noise), the one-line verdict, ``results.json`` (every figure and every round, the resolved
-recipe, the environment from ``env.py``),
-``results.csv``, ``comparison.png`` (matplotlib, from the ``plot`` extra), one
-Chrome-trace JSON per stage (opens in Perfetto or ``chrome://tracing``), and
-``recipe compare`` of two ``results.json``.
+speedup vs the baseline or else the first stage, "~" where the stage's interval overlaps
+the reference's: within noise), the one-line verdict, ``results.json`` (every figure and
+every round, the resolved recipe, the environment from ``env.py``), ``results.csv``,
+``comparison.png`` (matplotlib, from the ``plot`` extra), one Chrome-trace JSON per stage
+(the round nearest the median; opens in Perfetto or ``chrome://tracing``), and
+``recipe compare`` of two ``results.json`` (ratios marked "~" where intervals overlap).
 
 Must not: run anything.
 """
@@ -59,9 +59,11 @@ def _stage_row(outcome) -> dict[str, Any]:
 
 def results_json(recipe, outcomes, data) -> dict[str, Any]:
     """Every figure of a run: per stage the median over rounds, its interval, every round,
-    the speedup vs the baseline (and per round: the ratio within the same round)."""
+    the speedup vs the reference stage (``reference_row``: the baseline, else the first
+    that ran; kept under the key ``speedup_vs_baseline``) and per round the ratio to the
+    reference within the same round."""
     rows = [_stage_row(o) for o in outcomes]
-    base = next((r for r in rows if r["type"] == "baseline" and r["status"] == "ran"), None)
+    base = reference_row(rows)
     for r in rows:
         if r["status"] == "ran" and base:
             r["speedup_vs_baseline"] = r["images_per_s"] / base["images_per_s"]
@@ -71,10 +73,17 @@ def results_json(recipe, outcomes, data) -> dict[str, Any]:
             for x in r["rounds"]:
                 if x["round"] in base_rounds:
                     x["ratio_vs_baseline"] = x["images_per_s"] / base_rounds[x["round"]]
-    return {"stages": rows, "recipe": recipe.to_json(), "contract": CONTRACT,
+    return {"stages": rows, "reference_stage": base["name"] if base else None, "recipe": recipe.to_json(),
+            "contract": CONTRACT,
             "data": {"folder": str(data.folder) if data.folder else None, "store": str(data.store),
                      "classes": data.num_classes},
             "environment": environment(), "verdict": verdict(rows)}
+
+
+def reference_row(rows: list[dict]) -> dict | None:
+    """What ratios are against: the ``baseline`` stage when it ran, else the first stage that ran."""
+    ran = [r for r in rows if r["status"] == "ran"]
+    return next((r for r in ran if r["type"] == "baseline"), ran[0] if ran else None)
 
 
 def verdict(rows: list[dict]) -> str:
@@ -83,12 +92,13 @@ def verdict(rows: list[dict]) -> str:
     if not ran:
         return "no stage ran."
     best = max(ran, key=lambda r: r["images_per_s"])
-    base = next((r for r in ran if r["type"] == "baseline"), None)
+    base = reference_row(rows)
     idle_name = "GPU idle" if best["idle_source"] == "cuda-events" else "device idle"
     parts = []
     if base and best is not base:
-        parts.append(f"'{best['name']}' removes most of the wait: {best['images_per_s'] / base['images_per_s']:.1f}x "
-                     f"baseline, data wait {base['data_wait_fraction']:.0%} -> {best['data_wait_fraction']:.0%}")
+        ratio = best["images_per_s"] / base["images_per_s"]
+        parts.append(f"'{best['name']}' removes most of the wait: {ratio:.1f}x '{base['name']}', data wait "
+                     f"{base['data_wait_fraction']:.0%} -> {best['data_wait_fraction']:.0%}")
     else:
         parts.append(f"'{best['name']}' is fastest")
     rivals = [r["name"] for r in ran if r is not best and overlap(r.get("images_per_s_ci95"),
@@ -111,9 +121,12 @@ def _ci(r: dict) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """The comparison table: median images/s over rounds with its 95% interval."""
+    """The comparison table: median images/s over rounds with its 95% interval, ratios
+    against the reference stage (``reference_row``)."""
+    ref = reference_row(rows)
+    vs = "vs " + (ref["name"] if ref else "baseline")
     head = (f"{'stage':<16}{'workers':>8}{'images/s':>10}{'95% interval':>15}{'data wait':>11}{'GPU idle':>10}"
-            f"{'vs baseline':>13}")
+            f"{vs:>{max(13, len(vs) + 2)}}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["status"] != "ran":
@@ -124,7 +137,7 @@ def format_table(rows: list[dict]) -> str:
         if "speedup_vs_baseline" in r:
             speed = ("~" if r.get("within_noise_of_baseline") else "") + f"{r['speedup_vs_baseline']:.2f}x"
         lines.append(f"{r['name']:<16}{r.get('workers') or 0:>8}{r['images_per_s']:>10.0f}{_ci(r):>15}"
-                     f"{r['data_wait_fraction']:>11.0%}{idle:>10}{speed:>13}")
+                     f"{r['data_wait_fraction']:>11.0%}{idle:>10}{speed:>{max(13, len(vs) + 2)}}")
         if r.get("ranks"):
             lines.append(f"{'':<16}{len(r['ranks'])} ranks: slowest rank {r['slowest_rank']}, "
                          f"{r['images_per_s_total']:.0f} images/s in total")
@@ -134,7 +147,7 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"images/s: median of {n} interleaved round{'s' if n != 1 else ''} (stage order rotated "
                      "each round); interval: 95% hierarchical bootstrap over rounds, then steps")
     if any(r.get("within_noise_of_baseline") for r in ran):
-        lines.append("~ within noise: the stage's interval overlaps the baseline's")
+        lines.append(f"~ within noise: the stage's interval overlaps {ref['name'] if ref else 'the baseline'}'s")
     if any(r["idle_source"] == "host-clock" for r in ran):
         lines.append("* no CUDA: device idle from host clocks (time outside the model step)")
     if ran:

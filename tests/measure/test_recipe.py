@@ -160,7 +160,10 @@ def test_cold_cache_evicts_before_every_stage_and_says_so(tiny_tree, tmp_path):
     out = tmp_path / "o"
     r = CliRunner().invoke(main, ["recipe", "run", str(recipe), "--out", str(out), "--quiet"])
     assert r.exit_code == 0, r.output
-    stages = json.loads((out / "results.json").read_text())["stages"]
+    results = json.loads((out / "results.json").read_text())
+    stages = results["stages"]
+    assert results["reference_stage"] == "workers" and "vs workers" in r.output  # no baseline stage
+    assert stages[0]["speedup_vs_baseline"] == 1.0
     files = sum(1 for p in tiny_tree.rglob("*") if p.is_file()) + sum(1 for p in (tmp_path / "cold.lmdb").iterdir())
     probe = next(tiny_tree.rglob("*.jpg"))
     probe.read_bytes()
