@@ -297,13 +297,18 @@ def build_stage(stage_type: str, data: StageData, options: StageOptions) -> Buil
     return builder(data, options)
 
 
-def _torch_loaders(loader: Any) -> Iterable[Any]:
-    """The loader and every loader it wraps (``DevicePrefetcher.loader``, WebDataset's ``.loader``)."""
-    seen = 0
-    while loader is not None and seen < 4:
-        yield loader
-        loader = getattr(loader, "loader", None) or getattr(loader, "dataloader", None)
-        seen += 1
+def _torch_loaders(loader: Any, depth: int = 0) -> Iterable[Any]:
+    """The loader and every loader it wraps (``DevicePrefetcher.loader``, the stages of a
+    WebDataset ``WebLoader``'s ``pipeline``)."""
+    if loader is None or depth > 4:
+        return
+    yield loader
+    inner = getattr(loader, "loader", None) or getattr(loader, "dataloader", None)
+    yield from _torch_loaders(inner, depth + 1)
+    pipeline = getattr(loader, "pipeline", None)
+    if isinstance(pipeline, list):
+        for stage in pipeline:
+            yield from _torch_loaders(stage, depth + 1)
 
 
 def shutdown(loader: Any) -> None:
