@@ -114,6 +114,20 @@ def test_bench_convert_divides_by_the_validator_conversion_runs(tiny_tree, tmp_p
     import fastload.pack.convert as conv
 
     assert bc.VALIDATE_HANDLER == conv._HANDLER  # the same worker function, called by name
+    from fastload.pack.sources import open_source
+
+    captured = []
+    real = conv.imap_isolated
+
+    def spy(handler, init, payloads, workers, **kw):
+        captured.append((handler, init))
+        return real(handler, init, payloads, workers, **kw)
+
+    opts = conv.ConvertOptions(workers=1, progress=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(conv, "imap_isolated", spy)
+        conv.convert(tiny_tree, tmp_path / "spy.lmdb", opts)
+    assert captured == [(bc.VALIDATE_HANDLER, bc.worker_init(opts, open_source(tiny_tree)))]  # with the same options
     out = tmp_path / "c.json"
     r = CliRunner().invoke(main, ["bench", "convert", str(tiny_tree), "--workers", "1", "--json", str(out)])
     assert r.exit_code == 0, r.output
