@@ -54,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     # measure
     "run_instrumented": "fastload.measure.train",
     "SimulatedStep": "fastload.measure.train",
+    "RunOptions": "fastload.measure.train",
     "StepTimer": "fastload.measure.timing",
     "StageResult": "fastload.measure.timing",
     "load_recipe": "fastload.measure.recipe",

@@ -232,7 +232,9 @@ def _data_or_default(data: Path | None) -> Path:
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
 def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None:
-    """Conversion images/s against reading (cat) and read+decode of DATA, same pool.
+    """Conversion images/s against reading (cat) and read+validate of DATA, same pool.
+
+    read+validate runs conversion's own per-file worker (fastload.image.policy:prepare_file).
 
     DATA is an ImageFolder tree or file list [default: the generated default dataset].
     """
@@ -255,9 +257,9 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
 @click.option("--batches", type=click.IntRange(min=1), default=30, show_default=True,
               help="Timed batches per path per round.")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Interleaved rounds; the median is reported.")
+              help="Interleaved rounds (path order rotated each round); the median is reported.")
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
-              help="Also time a store packed with --max-side N.")
+              help="Also time a store packed with --max-side N (different data: labelled so).")
 @click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
               "fastload-reduced, webdataset, dali-cpu, ffcv.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
@@ -266,13 +268,37 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
-    same workers, interleaved rounds in one process tree; ratios against torchvision.
+    same workers, interleaved rounds in one process tree, each path's workers shut down
+    before the next is timed; ratios against torchvision, also per round. A path that
+    cannot run on DATA is reported skipped with the reason.
     """
     from fastload.measure.bench_loader import LoaderBenchOptions, bench_loader
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
                               rounds=rounds, max_side=max_side, paths=tuple(paths) or None)
     result = bench_loader(_data_or_default(data), store=store, options=opts)
+    click.echo(result.table())
+    if json_out:
+        json_out.write_text(json.dumps(result.to_json(), indent=1))
+
+
+@bench.command("decode")
+@click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
+@click.option("--images", type=click.IntRange(min=1), default=200, show_default=True,
+              help="JPEGs of DATA to time (the first N).")
+@click.option("--rounds", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Interleaved rounds; the median is reported.")
+@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True, help="Crop output side.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
+@_friendly
+def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, json_out: Path | None) -> None:
+    """Milliseconds per image, one core: region vs full decode, simplejpeg vs Pillow, resize kernels.
+
+    DATA is a folder with JPEGs [default: the generated default dataset].
+    """
+    from fastload.measure.bench_decode import DecodeBenchOptions, bench_decode
+
+    result = bench_decode(_data_or_default(data), DecodeBenchOptions(images=images, rounds=rounds, size=size))
     click.echo(result.table())
     if json_out:
         json_out.write_text(json.dumps(result.to_json(), indent=1))
@@ -382,33 +408,44 @@ def _init_distributed() -> tuple[int, int]:
 @click.option("--step-ms", type=click.FloatRange(min=0), default=None, help="Override run.step_ms.")
 @click.option("--folder", default=None, help="Override dataset.folder (an ImageFolder tree, or 'default').")
 @click.option("--store", default=None, help="Override dataset.store (converted from the folder if missing).")
+@click.option("--rounds", type=click.IntRange(min=1), default=None,
+              help="Override run.rounds: interleaved rounds, stage order rotated each round.")
+@click.option("--cache", type=click.Choice(["warm", "cold"]), default=None,
+              help="Override dataset.cache (cold: evict the data from the page cache before every stage).")
+@click.option("--read-delay-ms", type=click.FloatRange(min=0), default=None,
+              help="Override dataset.read_delay_ms (emulated latency per file opened).")
 @click.option("--stage", "stages", multiple=True, help="Run only this stage (repeatable).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars.")
 @_friendly
 def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, image_size, device, model, step_ms,
-               folder, store, stages, quiet) -> None:
-    """Run every stage of RECIPE, print the comparison table and write results to --out.
+               folder, store, rounds, cache, read_delay_ms, stages, quiet) -> None:
+    """Run every stage of RECIPE in interleaved rounds, print the comparison table, write results to --out.
 
-    Writes results.json (figures, resolved recipe, environment), results.csv,
+    Each stage's figure is the median over rounds with a 95% interval. Writes
+    results.json (figures, every round, resolved recipe, environment), results.csv,
     comparison.png and traces/<stage>.json (Chrome trace: open in ui.perfetto.dev).
     """
-    from tqdm import tqdm
-
     from fastload.measure.recipe import load_recipe, run_recipe, selected_stages, validate
     from fastload.measure.report import format_table, write_outputs
+    from fastload.progress import bar as progress_bar
 
     rec = load_recipe(recipe_file).with_overrides(**{
         "run.steps": steps, "run.warmup": warmup, "run.batch_size": batch_size, "run.image_size": image_size,
-        "run.device": device, "run.model": model, "run.step_ms": step_ms,
-        "dataset.folder": folder, "dataset.store": store})
+        "run.device": device, "run.model": model, "run.step_ms": step_ms, "run.rounds": rounds,
+        "dataset.folder": folder, "dataset.store": store, "dataset.cache": cache,
+        "dataset.read_delay_ms": read_delay_ms})
     validate(rec)
     rank, world = _init_distributed()
     lead = rank == 0
-    total = len(selected_stages(rec, stages)) * (rec.run.warmup + rec.run.steps)
-    bar = tqdm(total=total, unit="step", disable=quiet or not lead, dynamic_ncols=True)
+    total = len(selected_stages(rec, stages)) * rec.run.rounds * (rec.run.warmup + rec.run.steps)
+    bar = progress_bar(total=total, unit="step", disable=quiet or not lead)
+
+    current = [""]
 
     def on_step(name: str) -> None:
-        bar.set_description(f"stage {name}")
+        if current[0] != name:  # redraw once per stage change, not per step (log files)
+            current[0] = name
+            bar.set_description(f"stage {name}")
         bar.update()
 
     outcomes, data = run_recipe(rec, progress=not quiet and lead, only=stages or None, on_step=on_step)
@@ -419,7 +456,10 @@ def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, i
     results, notes = write_outputs(out, rec, outcomes, data)
     click.echo(f"\n{rec.name}: {rec.run.model}"
                + (f" ({rec.run.step_ms:g} ms/batch simulated device step)" if rec.run.model == "simulated" else "")
-               + f", batch {rec.run.batch_size}, {rec.run.steps} steps after {rec.run.warmup} warm-up, "
+               + f", batch {rec.run.batch_size}, {rec.run.rounds} x {rec.run.steps} steps after {rec.run.warmup} "
+               + f"warm-up, cache {rec.dataset.cache}"
+               + (f", {rec.dataset.read_delay_ms:g} ms per file opened" if rec.dataset.read_delay_ms else "")
+               + ", "
                + f"device {outcomes[0].result.device if outcomes and outcomes[0].result else rec.run.device}"
                + (f", {world} ranks" if world > 1 else ""))
     click.echo(format_table(results["stages"]))
@@ -434,7 +474,7 @@ def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, i
 @click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_friendly
 def recipe_compare(a: Path, b: Path) -> None:
-    """Print two results.json side by side, stage by stage, with B/A ratios."""
+    """Print two results.json side by side, stage by stage, with B/A ratios ("~": intervals overlap)."""
     from fastload.measure.report import compare_results
 
     click.echo(compare_results(json.loads(a.read_text()), json.loads(b.read_text())))

@@ -1,4 +1,4 @@
-"""fastload.datasets: the embedded default data is deterministic and photo-like."""
+"""fastload.datasets: the generated default data is deterministic and photo-like."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
     python tools/bench_threads.py [DATA] [--workers 2] [--batch-size 64] [--rounds 5] [--rate IMG_PER_S]
 
 DATA is a fastload store or an image folder (packed to a temporary store first); without it,
-the embedded default dataset. Both paths do the same work to the same output:
+the generated default dataset. Both paths do the same work to the same output:
 ``LMDBImageDataset(store, transform=train_transform(size))`` read by ``fastload.DataLoader``
 (``backend="processes"`` with ``collate_uint8``, or ``backend="threads"``), batches of
 ``batch_size`` normalised to float32 on the CPU by ``DevicePrefetcher(loader, "cpu")``.
@@ -124,7 +124,8 @@ def resolve_store(data: str | None, tmp: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("data", nargs="?", help="a fastload store or an image folder (default: the embedded dataset)")
+    ap.add_argument("data", nargs="?",
+                    help="a fastload store or an image folder (default: the generated default dataset)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes / threads for both paths")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--image-size", type=int, default=224)

@@ -6,7 +6,7 @@
 #   WHEELS=.whl tools/gpu_check.sh      # offline: install the project's wheels from a folder
 #
 # Prints: nvidia-smi, fastload doctor, the gpu-marked tests, then ResNet-50 (bf16,
-# channels_last) on the embedded default data with the fast and dali-gpu stages (GPU idle
+# channels_last) on the generated default data with the fast and dali-gpu stages (GPU idle
 # from CUDA events) and the quickstart recipe on the GPU. Results land in runs/gpu-check/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,7 @@ FASTLOAD=("$PY" -m fastload.cli)
 echo "== GPU"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
 echo "== doctor"; "${FASTLOAD[@]}" doctor
 echo "== gpu-marked tests"; "$PY" -m pytest -m gpu -q -rs -p no:cacheprovider tests
-echo "== ResNet-50 bf16 channels_last, embedded default data"
+echo "== ResNet-50 bf16 channels_last, generated default data"
 "${FASTLOAD[@]}" recipe run recipes/resnet50-imagenet.toml --folder default --store "" --batch-size 128 \
   --steps 40 --warmup 10 --stage baseline --stage fast --stage dali-gpu --out runs/gpu-check/resnet50 --quiet
 echo "== quickstart on the GPU (simulated step replaced by ResNet-18)"

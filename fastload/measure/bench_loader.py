@@ -1,15 +1,29 @@
 """``fastload bench loader``: images/s of each loading path on the same data, side by side.
 
-Owns: building each path (torchvision baseline, fastload, fastload on a reduced-resolution
-store, WebDataset, DALI CPU, FFCV when importable) with the same batch size and worker
-count, timing them in interleaved rounds in one process tree (the median of the rounds is
-reported, so a slow moment of the machine hits every path alike), and the single-core
-ceiling: a tight decode + crop loop's images/s times the worker count.
+Owns: the bench-only paths (WebDataset, FFCV, when importable) next to the stages it
+shares with recipes (``stages.py``: ``torchvision`` is the ``workers`` stage, ``fastload``
+the ``fast`` stage, ``dali-cpu``), all with the same batch size and worker count; timing
+them in interleaved rounds; and the single-core ceiling of each store.
 
-Every path ends in the same place: a batch of normalised float images and int64 labels on
-the CPU. The torchvision and WebDataset paths normalise in the workers (ToTensor +
-Normalize); the fastload paths ship uint8 and normalise in the main process, inside the
-timed region.
+Discipline, so a figure does not depend on which path ran before it:
+
+* every path's loader is built fresh for each round and shut down (workers joined,
+  torch's thread count put back, ``stages.running``) before the next path is timed, so no
+  path runs beside another's workers refilling their queues;
+* round ``k`` runs the paths in the order rotated by ``k`` places;
+* the figure is the median of the rounds, and every round's ratio to torchvision *in that
+  round* is reported, with its spread;
+* a path that fails on the data is reported as skipped with the reason; the others go on.
+
+Every path ends in the same place: a batch of normalised float32 images and int64 labels
+on the CPU. torchvision and WebDataset normalise in the workers (ToTensor + Normalize);
+fastload ships uint8 and normalises in the main process, inside the timed region; DALI
+and FFCV normalise in their own pipelines.
+
+The ceiling is a tight ``train_transform().from_bytes`` loop on one core times the worker
+count, measured on each store a path reads: a reduced-resolution store has its own
+(it is different data; its ratio to torchvision compares against the original files,
+which is the choice a user has).
 
 Must not: assert on timings.
 """
@@ -27,7 +41,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["LoaderBenchOptions", "LoaderBench", "bench_loader", "torchvision_train_transform"]
+from fastload.measure.rounds import rotated
+from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
+from fastload.pack.sources import IMG_EXTENSIONS
+
+__all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "bench_loader", "single_core_ceiling", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,8 +57,8 @@ class LoaderBenchOptions:
         batch_size: images per batch for every path.
         image_size: output side of the random-resized crop.
         batches: timed batches per path per round (after ``warmup``).
-        warmup: untimed batches per path per round (first round: worker start-up).
-        rounds: interleaved rounds; the median is reported.
+        warmup: untimed batches per path per round (each round starts the path's workers).
+        rounds: interleaved rounds, order rotated each round; the median is reported.
         max_side: also pack a store at this reduced longer side and time it.
         paths: the paths to run (default: every one that can run here).
     """
@@ -61,17 +79,23 @@ class LoaderBenchOptions:
 
 @dataclass
 class PathResult:
+    """One path: the median images/s, every round (and the round it ran in), the ratio to
+    torchvision within each round, the ceiling of the store it reads, or why it was skipped."""
+
     name: str
     images_per_s: float | None
     rounds: list[float] = field(default_factory=list)
     skipped: str | None = None
+    order: list[int] = field(default_factory=list)
+    round_ratios: list[float] = field(default_factory=list)
+    ceiling_per_core: float | None = None
 
 
 @dataclass
 class LoaderBench:
     options: LoaderBenchOptions
     results: list[PathResult]
-    ceiling_per_core: float
+    ceiling_per_core: float | None  # of the full-resolution store
     environment: dict
 
     @property
@@ -79,41 +103,51 @@ class LoaderBench:
         return next((r.images_per_s for r in self.results if r.name == "torchvision"), None)
 
     @property
-    def ceiling(self) -> float:
-        return self.ceiling_per_core * max(1, self.options.workers)
+    def ceiling(self) -> float | None:
+        return self.ceiling_per_core * max(1, self.options.workers) if self.ceiling_per_core else None
+
+    def _of_ceiling(self, r: PathResult) -> float | None:
+        if r.images_per_s is None or r.ceiling_per_core is None:
+            return None
+        return r.images_per_s / (r.ceiling_per_core * max(1, self.options.workers))
 
     def table(self) -> str:
         o = self.options
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, median of {o.rounds} rounds "
-                 f"x {o.batches} batches",
-                 f"{'path':<26}{'images/s':>10}{'vs torchvision':>16}{'of ceiling':>12}"]
+                 f"x {o.batches} batches (path order rotated each round, previous workers shut down first)",
+                 f"{'path':<26}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"]
         for r in self.results:
             if r.images_per_s is None:
                 lines.append(f"{r.name:<26}{'skipped':>10}  {r.skipped}")
                 continue
             ratio = f"{r.images_per_s / self.baseline:.2f}x" if self.baseline else "-"
-            lines.append(f"{r.name:<26}{r.images_per_s:>10.0f}{ratio:>16}{r.images_per_s / self.ceiling:>11.0%}")
-        lines.append(f"single-core ceiling: {self.ceiling_per_core:.0f} images/s per core (tight decode+crop loop) "
-                     f"x {max(1, o.workers)} = {self.ceiling:.0f}")
+            spread = ("-" if not r.round_ratios else
+                      f"{min(r.round_ratios):.2f}-{max(r.round_ratios):.2f}x" if len(r.round_ratios) > 1 else
+                      f"{r.round_ratios[0]:.2f}x")
+            frac = self._of_ceiling(r)
+            lines.append(f"{r.name:<26}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
+                         + (f"{frac:>11.0%}" + ("†" if r.name.startswith("fastload (max-side") else "")
+                            if frac is not None else f"{'-':>12}"))
+        if self.ceiling_per_core:
+            lines.append(f"single-core ceiling: {self.ceiling_per_core:.0f} images/s per core (tight decode+crop "
+                         f"loop on the full-resolution store) x {max(1, o.workers)} = {self.ceiling:.0f}")
+        reduced = next((r for r in self.results if r.name.startswith("fastload (max-side") and r.ceiling_per_core),
+                       None)
+        if reduced:
+            lines.append(f"† different data: the max-side {o.max_side} store (ceiling "
+                         f"{reduced.ceiling_per_core:.0f} images/s per core on it); its ratio is against torchvision "
+                         "on the original files, the choice a user has")
         return "\n".join(lines)
 
     def to_json(self) -> dict:
         return {"options": asdict(self.options), "environment": self.environment,
                 "ceiling_per_core": self.ceiling_per_core, "ceiling": self.ceiling,
                 "paths": [{"name": r.name, "images_per_s": r.images_per_s, "rounds": r.rounds,
+                           "round_order": r.order, "round_ratios": r.round_ratios,
                            "ratio": (r.images_per_s / self.baseline) if r.images_per_s and self.baseline else None,
-                           "fraction_of_ceiling": (r.images_per_s / self.ceiling) if r.images_per_s else None,
+                           "ceiling_per_core": r.ceiling_per_core,
+                           "fraction_of_ceiling": self._of_ceiling(r),
                            "skipped": r.skipped} for r in self.results]}
-
-
-def torchvision_train_transform(size: int):
-    """The standard torchvision training pipeline: the baseline everybody starts from."""
-    import torchvision.transforms as T
-
-    from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
-
-    return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
-                      T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
 def _forever(make_epoch: Callable[[], Iterable]) -> Iterator:
@@ -121,94 +155,85 @@ def _forever(make_epoch: Callable[[], Iterable]) -> Iterator:
         yield from make_epoch()
 
 
-class _Path:
-    """A named loader: ``batches()`` yields forever; built once, reused by every round."""
-
-    def __init__(self, name: str, make_epoch: Callable[[], Iterable]) -> None:
-        self.name = name
-        self._it = _forever(make_epoch)
-
-    def time(self, warmup: int, batches: int) -> float:
-        for _ in range(warmup):
-            next(self._it)
-        n = 0
-        t0 = time.perf_counter()
-        for images, _labels, *_ in itertools.islice(self._it, batches):
-            n += len(images)
-        return n / (time.perf_counter() - t0)
+def _time(loader: Iterable, warmup: int, batches: int) -> float:
+    it = _forever(lambda: loader)
+    for _ in range(warmup):
+        next(it)
+    n = 0
+    t0 = time.perf_counter()
+    for images, _labels, *_ in itertools.islice(it, batches):
+        n += len(images)
+    return n / (time.perf_counter() - t0)
 
 
-def _torch_loader_kwargs(o: LoaderBenchOptions) -> dict:
-    return dict(batch_size=o.batch_size, shuffle=True, num_workers=o.workers, drop_last=True,
-                persistent_workers=o.workers > 0)
+def _options(o: LoaderBenchOptions) -> StageOptions:
+    return StageOptions(batch_size=o.batch_size, image_size=o.image_size, workers=o.workers, device="cpu",
+                        pin_memory=False)
 
 
-def _make_torchvision(data: Path, o: LoaderBenchOptions) -> _Path:
-    from torchvision.datasets import ImageFolder
-
-    ds = ImageFolder(str(data), transform=torchvision_train_transform(o.image_size))
-    loader = torch.utils.data.DataLoader(ds, **_torch_loader_kwargs(o))
-    return _Path("torchvision", lambda: loader)
+def _stage_path(stage_type: str, data: StageData, o: LoaderBenchOptions) -> Callable[[], BuiltStage]:
+    return lambda: build_stage(stage_type, data, _options(o))
 
 
-def _make_fastload(store: Path, o: LoaderBenchOptions, name: str) -> _Path:
-    from fastload.load.dataset import LMDBImageDataset
-    from fastload.load.loader import DataLoader
-    from fastload.load.prefetch import DevicePrefetcher
-    from fastload.load.transforms import collate_uint8, train_transform
-
-    ds = LMDBImageDataset(store, transform=train_transform(o.image_size))
-    loader = DataLoader(ds, collate_fn=collate_uint8, pin_memory=False, **_torch_loader_kwargs(o))
-    return _Path(name, lambda: DevicePrefetcher(loader, "cpu"))
+#: WebDataset sample keys for every extension the store accepts (``pack.sources.IMG_EXTENSIONS``).
+def _wds_key(path: str) -> str:
+    return Path(path).suffix.lower().lstrip(".").replace("jpeg", "jpg").replace("tiff", "tif")
 
 
-def _make_webdataset(data: Path, o: LoaderBenchOptions, tmp: Path) -> _Path:
+def _webdataset_shards(data: Path, o: LoaderBenchOptions, tmp: Path) -> tuple[list[str], list[str]]:
     import webdataset as wds
     from torchvision.datasets import ImageFolder
 
     folder = ImageFolder(str(data))
     n_shards = max(2 * max(1, o.workers), 4)
     per = -(-len(folder.samples) // n_shards)
-    urls = []
+    urls, keys = [], set()
     for s in range(n_shards):
         url = str(tmp / f"shard-{s:04d}.tar")
         with wds.TarWriter(url) as sink:
             for k, (path, label) in enumerate(folder.samples[s * per:(s + 1) * per]):
-                ext = Path(path).suffix.lower().lstrip(".").replace("jpeg", "jpg")
+                ext = _wds_key(path)
+                keys.add(ext)
                 sink.write({"__key__": f"{s:04d}{k:06d}", ext: Path(path).read_bytes(), "cls": label})
         urls.append(url)
+    return urls, sorted(keys)
+
+
+def _make_webdataset(urls: list[str], keys: list[str], o: LoaderBenchOptions) -> BuiltStage:
+    import webdataset as wds
+
+    from fastload.measure.stages import torchvision_train_transform
+
     tf = torchvision_train_transform(o.image_size)
+    wanted = ";".join(sorted(set(keys) | {_wds_key(f"x{e}") for e in IMG_EXTENSIONS}))
     dataset = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(500)
-               .decode("pil").to_tuple("jpg;png;jpeg", "cls").map_tuple(tf, lambda c: c)
+               .decode("pil").to_tuple(wanted, "cls").map_tuple(tf, lambda c: c)
                .batched(o.batch_size, partial=False))
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=o.workers, persistent_workers=o.workers > 0)
-    return _Path("webdataset", lambda: loader)
+    return BuiltStage("webdataset", loader, o.workers, "workers (torchvision ToTensor + Normalize)")
 
 
-def _make_dali_cpu(store: Path, o: LoaderBenchOptions) -> _Path:
-    from fastload.load.dali import DALILoader
-
-    loader = DALILoader(store, o.batch_size, train=True, size=o.image_size, device="cpu",
-                        num_threads=max(1, o.workers), drop_last=True)
-    return _Path("dali-cpu", lambda: loader)
-
-
-def _make_ffcv(data: Path, o: LoaderBenchOptions, tmp: Path) -> _Path:
-    """FFCV's own ImageNet recipe: a .beton of the same files, RandomResizedCrop decoder, flip."""
-    import numpy as np
+def _ffcv_beton(data: Path, o: LoaderBenchOptions, tmp: Path) -> str:
     from ffcv.fields import IntField, RGBImageField
-    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
-    from ffcv.loader import Loader, OrderOption
-    from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
     from ffcv.writer import DatasetWriter
     from torchvision.datasets import ImageFolder
-
-    from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 
     beton = str(tmp / "data.beton")
     writer = DatasetWriter(beton, {"image": RGBImageField(write_mode="jpg", max_resolution=10_000),
                                    "label": IntField()}, num_workers=max(1, o.workers))
     writer.from_indexed_dataset(ImageFolder(str(data)))
+    return beton
+
+
+def _make_ffcv(beton: str, o: LoaderBenchOptions) -> BuiltStage:
+    """FFCV's own ImageNet recipe on a .beton of the same files: RandomResizedCrop decoder, flip."""
+    import numpy as np
+    from ffcv.fields.decoders import IntDecoder, RandomResizedCropRGBImageDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import NormalizeImage, RandomHorizontalFlip, Squeeze, ToTensor, ToTorchImage
+
+    from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
+
     mean = np.array(IMAGENET_MEAN) * 255
     std = np.array(IMAGENET_STD) * 255
     pipelines = {
@@ -218,7 +243,7 @@ def _make_ffcv(data: Path, o: LoaderBenchOptions, tmp: Path) -> _Path:
     }
     loader = Loader(beton, batch_size=o.batch_size, num_workers=max(1, o.workers), order=OrderOption.RANDOM,
                     drop_last=True, pipelines=pipelines, os_cache=True)
-    return _Path("ffcv", lambda: loader)
+    return BuiltStage("ffcv", loader, max(1, o.workers), "FFCV pipeline (NormalizeImage)")
 
 
 def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
@@ -247,15 +272,30 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
 ALL_PATHS = ("torchvision", "fastload", "fastload-reduced", "webdataset", "dali-cpu", "ffcv")
 
 
+def _display(name: str, o: LoaderBenchOptions) -> str:
+    return f"fastload (max-side {o.max_side})" if name == "fastload-reduced" else name
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"failed on this data: {type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
 def bench_loader(data: str | Path, *, store: str | Path | None = None,
                  options: LoaderBenchOptions = LoaderBenchOptions(), progress: bool = True) -> LoaderBench:
-    """Time every loading path over ImageFolder ``data`` (packed to a temporary store if no ``store``)."""
-    from tqdm import tqdm
+    """Time every loading path over ImageFolder ``data`` (packed to a temporary store if no ``store``).
 
+    Raises:
+        ValueError: an unknown path name.
+    """
+    from fastload.measure.env import environment
     from fastload.pack.convert import ConvertOptions, convert
+    from fastload.progress import bar
+    from fastload.system import DALI_INSTALL_HINT, dali_available
 
     data = Path(data)
-    wanted = options.paths or ALL_PATHS
+    o = options
+    wanted = o.paths or ALL_PATHS
     unknown = set(wanted) - set(ALL_PATHS)
     if unknown:
         raise ValueError(f"Unknown path(s) {sorted(unknown)}. Valid values are {list(ALL_PATHS)}.")
@@ -265,52 +305,89 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
             store = tmp / "store.lmdb"
             convert(data, store, ConvertOptions(progress=progress))
         store = Path(store)
-        paths: list[tuple[str, _Path]] = []
+        full = StageData(data, store)
+        builders: dict[str, Callable[[], BuiltStage]] = {}
+        stores: dict[str, Path] = {}
         results: dict[str, PathResult] = {}
 
-        def add(name: str, build: Callable[[], _Path], missing: str | None = None) -> None:
+        def add(name: str, prepare: Callable[[], Callable[[], BuiltStage]], *, missing: str | None = None,
+                reads: Path | None = None) -> None:
             if name not in wanted:
                 return
+            results[name] = PathResult(_display(name, o), None, skipped=missing)
             if missing:
-                results[name] = PathResult(name, None, skipped=missing)
                 return
-            paths.append((name, build()))
-            results[name] = PathResult(name, None)
+            try:
+                builders[name] = prepare()
+            except Exception as exc:  # a path that cannot run on this data is skipped, the others go on
+                results[name].skipped = _reason(exc)
+                return
+            if reads is not None:
+                stores[name] = reads
 
-        add("torchvision", lambda: _make_torchvision(data, options))
-        add("fastload", lambda: _make_fastload(store, options, "fastload"))
-        if options.max_side:
-            reduced = tmp / "reduced.lmdb"
-            if "fastload-reduced" in wanted:
-                convert(data, reduced, ConvertOptions(max_side=options.max_side, progress=progress))
-            add("fastload-reduced", lambda: _make_fastload(reduced, options, f"fastload (max-side {options.max_side})"))
+        add("torchvision", lambda: _stage_path("workers", full, o), reads=store)
+        add("fastload", lambda: _stage_path("fast", full, o), reads=store)
+        reduced = tmp / "reduced.lmdb"
+        if "fastload-reduced" in wanted:
+            if not o.max_side:
+                results["fastload-reduced"] = PathResult(_display("fastload-reduced", o), None,
+                                                         skipped="needs --max-side N")
+            else:
+                def prep_reduced() -> Callable[[], BuiltStage]:
+                    convert(data, reduced, ConvertOptions(max_side=o.max_side, progress=progress))
+                    return _stage_path("fast", StageData(data, reduced), o)
+
+                add("fastload-reduced", prep_reduced, reads=reduced)
         has_wds = importlib.util.find_spec("webdataset") is not None
-        add("webdataset", lambda: _make_webdataset(data, options, tmp),
-            None if has_wds else "webdataset is not installed (pip install 'fastload[bench]')")
-        has_dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali")
-        add("dali-cpu", lambda: _make_dali_cpu(store, options),
-            None if has_dali else "DALI is not installed (pip install 'fastload[dali]')")
-        add("ffcv", lambda: _make_ffcv(data, options, tmp), None if importlib.util.find_spec("ffcv") else
+
+        def prep_wds() -> Callable[[], BuiltStage]:
+            urls, keys = _webdataset_shards(data, o, tmp)
+            return lambda: _make_webdataset(urls, keys, o)
+
+        add("webdataset", prep_wds, reads=store, missing=None if has_wds else
+            "webdataset is not installed (pip install 'fastload[bench]')")
+        add("dali-cpu", lambda: _stage_path("dali-cpu", full, o), reads=store,
+            missing=None if dali_available() else "DALI is not installed: " + DALI_INSTALL_HINT)
+
+        def prep_ffcv() -> Callable[[], BuiltStage]:
+            beton = _ffcv_beton(data, o, tmp)
+            return lambda: _make_ffcv(beton, o)
+
+        add("ffcv", prep_ffcv, reads=store, missing=None if importlib.util.find_spec("ffcv") else
             "ffcv is not importable (it needs libopencv-dev, libturbojpeg0-dev, pkg-config, then pip install ffcv)")
-        with tqdm(total=options.rounds * len(paths), desc="bench loader", disable=not progress) as bar:
-            for _ in range(options.rounds):
-                for key, p in paths:
-                    results[key].rounds.append(p.time(options.warmup, options.batches))
-                    bar.update()
+        order = [n for n in ALL_PATHS if n in builders]
+        with bar(total=o.rounds * len(order), desc="bench loader", disable=not progress) as pbar:
+            for k in range(o.rounds):
+                for name in rotated(order, k):
+                    pbar.update()
+                    if results[name].skipped:
+                        continue
+                    try:
+                        with running(builders[name]()) as loader:
+                            results[name].rounds.append(_time(loader, o.warmup, o.batches))
+                        results[name].order.append(k)
+                    except Exception as exc:
+                        results[name].skipped = _reason(exc)
+                        results[name].rounds.clear()
         ordered = []
+        base = results.get("torchvision")
         for name in ALL_PATHS:
-            if name in results:
-                r = results[name]
-                r.name = _display(name, options)
-                if r.rounds:
-                    r.images_per_s = statistics.median(r.rounds)
-                ordered.append(r)
-        ceiling = single_core_ceiling(store, options.image_size)
-        paths.clear()  # stop persistent workers before the temporary files go
-    from fastload.measure.report import environment
-
-    return LoaderBench(options, ordered, ceiling, environment())
-
-
-def _display(name: str, o: LoaderBenchOptions) -> str:
-    return f"fastload (max-side {o.max_side})" if name == "fastload-reduced" else name
+            if name not in results:
+                continue
+            r = results[name]
+            if r.skipped:
+                r.rounds.clear()
+            if r.rounds:
+                r.images_per_s = statistics.median(r.rounds)
+                if base is not None and base.rounds and not base.skipped:
+                    by_round = dict(zip(base.order, base.rounds))
+                    r.round_ratios = [v / by_round[k] for k, v in zip(r.order, r.rounds) if k in by_round]
+            ordered.append(r)
+        ceilings: dict[str, float] = {}
+        for name, path in stores.items():
+            key = str(path)
+            if results[name].images_per_s is not None:
+                if key not in ceilings:
+                    ceilings[key] = single_core_ceiling(path, o.image_size)
+                results[name].ceiling_per_core = ceilings[key]
+    return LoaderBench(o, ordered, ceilings.get(str(store)), environment())

@@ -1,31 +1,23 @@
 """``fastload doctor``: what this machine offers a data pipeline, and what fastload will pick.
 
 Owns: gathering CPUs (affinity, cgroup quota), GPUs, local world size, the worker plan,
-the pinned-memory budget, versions (torch, CUDA, DALI, decoders) into one report, and
-printing it. Reads only; changes nothing.
+the pinned-memory budget and the environment record (``env.py``, the same one written
+beside every result) into one report, and printing it. Reads only; changes nothing.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 from dataclasses import asdict
 from typing import Any
+
+from fastload.measure.env import environment, package_version
 
 __all__ = ["doctor_report", "format_doctor", "package_version", "PINNED_FRACTION"]
 
 #: Pinned (page-locked) memory cannot be swapped or reclaimed; past about a quarter of RAM
 #: the rest of the system (page cache for the dataset included) starts to suffer.
 PINNED_FRACTION = 0.25
-
-
-def package_version(dist: str) -> str | None:
-    """The installed version of distribution ``dist``, or None."""
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _ram_bytes() -> int:
@@ -36,11 +28,12 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
     """Everything ``fastload doctor`` prints, as a dict (``--json`` writes it as is)."""
     import torch
 
-    from fastload.image.fast import jpeg_backend
+    from fastload.image.fast import fallback_counts, jpeg_backend
     from fastload.load.workers import shm_plan, worker_plan
+    from fastload.system import dali_available
 
     plan = worker_plan()
-    v = package_version
+    env = environment()
     gpus = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -52,7 +45,6 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
     in_flight = max(1, plan.workers) * prefetch_factor + 2  # worker queues + pin thread + prefetcher
     pinned = batch_bytes * in_flight
     budget = int(ram * PINNED_FRACTION)
-    has_dali = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None
     return {
         "cpus": asdict(plan.cpus),
         "local_processes": plan.local_processes,
@@ -64,16 +56,12 @@ def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_fact
         "pinned_memory": {"ram_bytes": ram, "budget_bytes": budget, "batch_bytes": batch_bytes,
                           "batches_in_flight": in_flight, "needed_bytes": pinned, "ok": pinned <= budget,
                           "batch_size": batch_size, "image_size": image_size, "prefetch_factor": prefetch_factor},
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
-                     "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-                     "torchvision": v("torchvision"),
-                     "nvidia-dali": v("nvidia-dali-cuda130") or v("nvidia-dali-cuda120"),
-                     "nvimgcodec": v("nvidia-nvimgcodec-cu13") or v("nvidia-nvimgcodec-cu12"),
-                     "simplejpeg": v("simplejpeg"), "pillow": v("pillow"), "lmdb": v("lmdb")},
-        "dali_available": has_dali,
+        "environment": env,
+        "dali_available": dali_available(),
         "jpeg_region_decoder": jpeg_backend(),
         # /dev/shm: what worker processes keep there (uint8 preset batches; ToTensor floats are 4x)
         "shm": asdict(shm_plan(plan.workers, prefetch_factor, batch_bytes + 8 * batch_size)),
+        "region_decode_fallbacks": fallback_counts(),
     }
 
 
@@ -105,10 +93,12 @@ def format_doctor(r: dict[str, Any]) -> str:
         "  (float32 batches from ToTensor() need 4x that; DataLoader(backend='threads') needs none)",
         "Software",
     ]
-    v = r["versions"]
-    lines += [f"  torch {v['torch']} (CUDA {v['cuda'] or 'none'}), torchvision {v['torchvision']}",
-              f"  DALI: {v['nvidia-dali'] or 'not installed (pip install fastload[dali])'}",
+    v = r["environment"]
+    lines += [f"  python {v['python']} on {v['platform']}",
+              f"  torch {v['torch']} (CUDA {v['cuda'] or 'none'}), torchvision {v['torchvision']}",
+              f"  DALI: {v['dali'] or 'not installed (pip install fastload[dali])'}",
               f"  JPEG: simplejpeg {v['simplejpeg']}, region decode: {r['jpeg_region_decoder']}"
-              + ("" if v["nvimgcodec"] else " (pip install 'fastload[fast]' for crop-only decoding)"),
+              + (f" ({v['nvimgcodec']})" if v["nvimgcodec"] else
+                 " (pip install 'fastload[fast]' for crop-only decoding)"),
               f"  pillow {v['pillow']}, lmdb {v['lmdb']}"]
     return "\n".join(lines)

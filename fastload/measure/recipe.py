@@ -2,21 +2,18 @@
 
 Owns: reading and validating ``recipes/*.toml`` (stdlib ``tomllib``; every error names
 the field and the valid choices, before any stage runs), applying CLI overrides, making
-the data ready (the embedded default dataset; a store converted on first use), building
-each stage's loader on the same data, and running the stages in turn.
+the data ready (the generated default dataset; a store converted on first use), and
+running the stages in interleaved rounds on the same data: round ``k`` runs every stage
+once, in the recipe's order rotated by ``k`` (``rounds.py``), each stage's loader built
+fresh (``stages.py``), its workers shut down and joined, and torch's thread count put back
+before the next stage is timed. With ``[dataset] cache = "cold"`` the folder's files and
+the store are evicted from the page cache before every stage of every round
+(``cache.py``), and whether the eviction was confirmed is recorded.
 
-Stages (``[[stage]] type = ...``):
+Stage types and what each does: ``stages.py``. A stage that cannot run here (no GPU,
+DALI missing) is reported as skipped with the reason, never silently dropped.
 
-* ``baseline``: torchvision ``ImageFolder`` + torchvision transforms + torch ``DataLoader``, 0 workers.
-* ``workers``: the same with ``num_workers="auto"``, pinned memory, persistent workers.
-* ``lmdb``: ``LMDBImageDataset`` + torchvision transforms + ``fastload.DataLoader``, auto workers.
-* ``fast``: LMDB + fast decode presets + ``uint8`` collate + ``DevicePrefetcher``.
-* ``dali-cpu`` / ``dali-gpu``: ``fastload.dali.DALILoader`` on the store, CPU or GPU mode.
-
-A stage that cannot run here (no GPU, DALI missing) is reported as skipped with the
-reason, never silently dropped.
-
-Must not: print (the CLI does) or compute figures (``train.py``, ``report.py``).
+Must not: print (the CLI does) or compute figures (``train.py``, ``rounds.py``, ``report.py``).
 """
 
 from __future__ import annotations
@@ -30,12 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastload.errors import FastloadError, RecipeError
+from fastload.errors import RecipeError
+from fastload.measure.stages import FOLDER_STAGES, STAGE_TYPES
 
 __all__ = ["STAGE_TYPES", "Recipe", "RecipeData", "RecipeRun", "RecipeStage", "load_recipe", "StageOutcome",
            "run_recipe", "prepare_data"]
 
-STAGE_TYPES = ("baseline", "workers", "lmdb", "fast", "dali-cpu", "dali-gpu")
+_CACHE = ("warm", "cold")
 _DEVICES = ("auto", "cpu", "cuda")
 _AMP = ("none", "bf16", "fp16")
 
@@ -61,20 +59,31 @@ def _int(value: Any, where: str, minimum: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class RecipeData:
-    """``[dataset]``: ``folder`` (an ImageFolder tree, or ``"default"`` for the embedded data) and
+    """``[dataset]``: ``folder`` (an ImageFolder tree, or ``"default"`` for the generated default data) and
     ``store`` (an LMDB store of it; converted from ``folder`` on first use; default: in the cache),
-    ``max_side`` (convert at reduced resolution)."""
+    ``max_side`` (convert at reduced resolution), ``cache`` (``"warm"``: as the page cache
+    happens to be; ``"cold"``: the files evicted before every stage of every round) and
+    ``read_delay_ms`` (emulated latency per file opened, the same rule for folder and store:
+    ``stages.FileOpenDelay``)."""
 
     folder: str = "default"
     store: str | None = None
     max_side: int | None = None
+    cache: str = "warm"
+    read_delay_ms: float = 0.0
 
-    FIELDS = frozenset({"folder", "store", "max_side"})
+    FIELDS = frozenset({"folder", "store", "max_side", "cache", "read_delay_ms"})
+
+    def __post_init__(self) -> None:
+        _choice(self.cache, _CACHE, "dataset.cache")
+        if isinstance(self.read_delay_ms, bool) or not isinstance(self.read_delay_ms, (int, float)) \
+                or self.read_delay_ms < 0:
+            raise RecipeError(f"Field dataset.read_delay_ms must be a number >= 0, got {self.read_delay_ms!r}.")
 
 
 @dataclass(frozen=True, kw_only=True)
 class RecipeRun:
-    """``[run]``: what every stage shares."""
+    """``[run]``: what every stage shares. ``steps`` and ``warmup`` are per stage per round."""
 
     model: str = "simulated"
     step_ms: float | None = None
@@ -86,11 +95,13 @@ class RecipeRun:
     amp: str = "none"
     channels_last: bool = False
     seed: int = 0
+    rounds: int = 1
 
     FIELDS = frozenset({"model", "step_ms", "batch_size", "image_size", "steps", "warmup", "device", "amp",
-                        "channels_last", "seed"})
+                        "channels_last", "seed", "rounds"})
 
     def __post_init__(self) -> None:
+        _int(self.rounds, "run.rounds", 1)
         _int(self.batch_size, "run.batch_size", 1)
         _int(self.image_size, "run.image_size", 8)
         _int(self.steps, "run.steps", 1)
@@ -121,12 +132,6 @@ class RecipeStage:
             _int(self.workers, f"stage {self.name!r} workers", 0)
         if self.prefetch_factor is not None:
             _int(self.prefetch_factor, f"stage {self.name!r} prefetch_factor", 1)
-
-    def resolved_workers(self, default: int | str) -> int:
-        from fastload.load.workers import auto_num_workers
-
-        w = self.workers if self.workers is not None else default
-        return auto_num_workers() if w == "auto" else int(w)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,10 +214,10 @@ def validate(recipe: Recipe) -> None:
     if d.folder != "default" and not Path(d.folder).expanduser().is_dir():
         if not (d.store and Path(d.store).expanduser().exists()):
             raise RecipeError(f"Field dataset.folder: {d.folder} is not a folder. Give an ImageFolder tree, "
-                              "'default' for the embedded dataset, or an existing dataset.store.")
+                              "'default' for the generated default dataset, or an existing dataset.store.")
     if d.max_side is not None:
         _int(d.max_side, "dataset.max_side", 8)
-    needs_folder = {"baseline", "workers"} & {s.type for s in recipe.stages}
+    needs_folder = FOLDER_STAGES & {s.type for s in recipe.stages}
     if needs_folder and d.folder != "default" and not Path(d.folder).expanduser().is_dir():
         raise RecipeError(f"Field dataset.folder: stages {sorted(needs_folder)} read the image folder, and "
                           f"{d.folder} is not one.")
@@ -230,7 +235,7 @@ class PreparedData:
 
 
 def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
-    """The embedded default dataset made if needed; the store converted from the folder if missing.
+    """The generated default dataset made if needed; the store converted from the folder if missing.
 
     A conversion interrupted here resumes on the next run (it is ``fastload convert``).
     """
@@ -248,148 +253,132 @@ def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
     if folder.is_dir():
         convert(folder, store, ConvertOptions(max_side=data.max_side, progress=progress))
     reader = StoreReader(store)
-    return PreparedData(folder if folder.is_dir() else None, store, len(reader.classes))
+    classes = len(reader.classes)
+    reader.close()  # no handle kept mapped in this process (it would pin pages a cold round evicts)
+    return PreparedData(folder if folder.is_dir() else None, store, classes)
+
+
 
 
 @dataclass
 class StageOutcome:
+    """One stage over every round: the per-round results, and the figures across rounds.
+
+    ``result`` pools every round's measured steps (fractions, percentiles) and carries the
+    median over rounds as ``images_per_s``; ``images_per_s_ci95`` is its interval
+    (``rounds.median_and_interval``); ``trace_round`` is the round nearest the median (its
+    timeline is the one written as a Chrome trace).
+    """
+
     stage: RecipeStage
-    result: Any | None = None  # StageResult
+    rounds: list[Any] = field(default_factory=list)  # StageResult per round
+    round_index: list[int] = field(default_factory=list)  # the round each entry ran in
+    position: list[int] = field(default_factory=list)  # where in its round the stage ran (0 = first)
+    evictions: list[dict] = field(default_factory=list)
+    result: Any | None = None  # StageResult over all rounds
+    images_per_s_ci95: tuple[float, float] | None = None
+    trace_round: Any | None = None
     skipped: str | None = None
     ranks: list[dict] | None = None
     workers: int | None = None
+    normalises: str | None = None
 
     @property
     def status(self) -> str:
         return "ran" if self.result is not None else "skipped"
 
 
-def _torch_loader(dataset, r: RecipeRun, workers: int, stage: RecipeStage, *, pin: bool, fastload_loader: bool,
-                  collate=None):
-    import torch.distributed as dist
-    import torch.utils.data
+def _stage_options(r: RecipeRun, d: RecipeData, stage: RecipeStage, device) -> Any:
+    from fastload.measure.stages import StageOptions
 
-    from fastload.load.loader import DataLoader
-
-    kwargs: dict[str, Any] = dict(batch_size=r.batch_size, num_workers=workers, pin_memory=pin, drop_last=True,
-                                  persistent_workers=workers > 0)
-    if workers > 0 and stage.prefetch_factor:
-        kwargs["prefetch_factor"] = stage.prefetch_factor
-    if collate is not None:
-        kwargs["collate_fn"] = collate
-    if fastload_loader:
-        return DataLoader(dataset, shuffle=True, **kwargs)
-    sampler = None
-    if dist.is_available() and dist.is_initialized():  # give torch's loader the same sharding, fairly
-        sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=r.seed, drop_last=True)
-    return torch.utils.data.DataLoader(dataset, shuffle=sampler is None, sampler=sampler, **kwargs)
-
-
-def build_stage_loader(stage: RecipeStage, r: RecipeRun, data: PreparedData, device) -> tuple[Iterable, int]:
-    """The loader for one stage and the worker count it uses."""
-    import torch
-    from torchvision.datasets import ImageFolder
-
-    from fastload.load.dataset import LMDBImageDataset
-    from fastload.load.prefetch import DevicePrefetcher
-    from fastload.load.transforms import collate_uint8, train_transform
-    from fastload.measure.bench_loader import torchvision_train_transform
-
-    cuda = device.type == "cuda"
-    tv = torchvision_train_transform(r.image_size)
-    if stage.type in ("baseline", "workers"):
-        if data.folder is None:
-            raise FastloadError("this stage reads the image folder, and the recipe has only a store")
-        workers = stage.resolved_workers(0 if stage.type == "baseline" else "auto")
-        loader = _torch_loader(ImageFolder(str(data.folder), transform=tv), r, workers, stage,
-                               pin=cuda and stage.type == "workers", fastload_loader=False)
-        return loader, workers
-    if stage.type == "lmdb":
-        workers = stage.resolved_workers("auto")
-        return _torch_loader(LMDBImageDataset(data.store, transform=tv), r, workers, stage, pin=cuda,
-                             fastload_loader=True), workers
-    if stage.type == "fast":
-        workers = stage.resolved_workers("auto")
-        loader = _torch_loader(LMDBImageDataset(data.store, transform=train_transform(r.image_size)), r, workers,
-                               stage, pin=cuda, fastload_loader=True, collate=collate_uint8)
-        if r.model == "simulated" and not cuda:
-            return loader, workers  # uint8 batches: the simulated GPU normalises within its step (train.py)
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(r.amp, torch.float32)
-        return DevicePrefetcher(loader, device, dtype=dtype, channels_last=r.channels_last), workers
-    from fastload.load.dali import DALILoader
-
-    threads = stage.resolved_workers("auto") or 1
-    mode = "gpu" if stage.type == "dali-gpu" else "cpu"
-    return DALILoader(data.store, r.batch_size, train=True, size=r.image_size, device=mode, num_threads=threads,
-                      seed=r.seed, drop_last=True), threads
-
-
-def skip_reason(stage: RecipeStage, device) -> str | None:
-    """Why ``stage`` cannot run here, or None."""
-    import importlib.util
-
-    if stage.type.startswith("dali"):
-        if importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None:
-            return "DALI is not installed (pip install 'fastload[dali]')"
-        if stage.type == "dali-gpu" and device.type != "cuda":
-            return "needs a CUDA GPU; this run's device is " + device.type
-    return None
+    return StageOptions(batch_size=r.batch_size, image_size=r.image_size, workers=stage.workers,
+                        prefetch_factor=stage.prefetch_factor, device=device, seed=r.seed,
+                        channels_last=r.channels_last, read_delay_ms=float(d.read_delay_ms))
 
 
 def resolve_device(name: str):
-    import torch
+    """``run.device`` as a ``torch.device`` (``fastload.system.resolve_device``), errors as RecipeError."""
+    from fastload.system import resolve_device as resolve
 
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RecipeError("Field run.device is 'cuda' but no CUDA device is available. Use 'auto' or 'cpu'.")
-    return torch.device(name)
+    try:
+        return resolve(name, what="Field run.device")
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
 
 
 def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | None = None,
                on_stage: Callable[[StageOutcome], None] | None = None,
                on_step: Callable[[str], None] | None = None) -> tuple[list[StageOutcome], PreparedData]:
-    """Run every stage of ``recipe`` (or those named in ``only``) on the same data.
+    """Run every stage of ``recipe`` (or those named in ``only``) on the same data, in
+    ``run.rounds`` interleaved rounds.
+
+    Args:
+        on_stage: called with each stage's outcome once its last round is done.
+        on_step: called with the stage's name after every step (and once per step a
+            skipped stage would have run, so a progress total stays true).
 
     Returns:
         The outcome of each stage, in recipe order, and the data used.
     """
     import torch
 
-    from fastload.measure.train import build_model, gather_results, run_instrumented
+    from fastload.measure.cache import evict, files_under
+    from fastload.measure.rounds import median_and_interval, rotated
+    from fastload.measure.stages import StageData, build_stage, running, skip_reason
+    from fastload.measure.timing import summarize_records
+    from fastload.measure.train import RunOptions, build_model, gather_results, run_instrumented
 
     validate(recipe)
     stages = selected_stages(recipe, only)
-    r = recipe.run
+    r, d = recipe.run, recipe.dataset
     device = resolve_device(r.device)
-    data = prepare_data(recipe.dataset, progress=progress)
-    outcomes = []
-    for stage in stages:
-        outcome = StageOutcome(stage)
-        reason = skip_reason(stage, device)
-        if reason:
-            outcome.skipped = reason
-            if on_step:
-                for _ in range(r.warmup + r.steps):
-                    on_step(stage.name)
-        else:
-            torch.manual_seed(r.seed)
+    data = prepare_data(d, progress=progress)
+    stage_data = StageData(data.folder, data.store)
+    cold_files = files_under([data.folder, data.store]) if d.cache == "cold" else []
+    outcomes = {s.name: StageOutcome(s) for s in stages}
+    for s in stages:
+        outcomes[s.name].skipped = skip_reason(s.type, stage_data, _stage_options(r, d, s, device))
+    runnable = [s for s in stages if outcomes[s.name].skipped is None]
+    for s in stages:
+        if outcomes[s.name].skipped and on_step:
+            for _ in range(r.rounds * (r.warmup + r.steps)):
+                on_step(s.name)
+    for k in range(r.rounds):
+        for position, stage in enumerate(rotated(runnable, k)):
+            outcome = outcomes[stage.name]
+            if cold_files:
+                outcome.evictions.append({"round": k, **evict(cold_files).to_json()})
+            torch.manual_seed(r.seed + k)
             model = build_model(r.model, num_classes=data.num_classes, step_ms=r.step_ms)
-            loader, outcome.workers = build_stage_loader(stage, r, data, device)
-            try:
+            built = build_stage(stage.type, stage_data, _stage_options(r, d, stage, device))
+            outcome.workers, outcome.normalises = built.workers, built.normalises
+            opts = RunOptions(channels_last=r.channels_last, name=stage.name, batch_size=r.batch_size)
+            with running(built) as loader:
                 result = run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
-                                          amp=None if r.amp == "none" else r.amp, channels_last=r.channels_last,
-                                          name=stage.name, batch_size=r.batch_size,
+                                          amp=None if r.amp == "none" else r.amp, options=opts,
                                           on_step=(lambda name=stage.name: on_step(name)) if on_step else None)
-            finally:
-                _shutdown(loader)
-            result.extra["workers"] = outcome.workers
-            outcome.result = result
-            outcome.ranks = gather_results(result)
-        outcomes.append(outcome)
+            outcome.rounds.append(result)
+            outcome.round_index.append(k)
+            outcome.position.append(position)
+    for stage in stages:
+        outcome = outcomes[stage.name]
+        if outcome.rounds:
+            first = outcome.rounds[0]
+            records = [rec for res in outcome.rounds for rec in res.records]
+            pooled = summarize_records(records, name=stage.name, device=first.device, batch_size=first.batch_size,
+                                       warmup=first.warmup, nvml=first.nvml)
+            median, ci = median_and_interval([([x.images for x in res.records], [x.total for x in res.records])
+                                              for res in outcome.rounds], seed=r.seed)
+            pooled.extra.update(first.extra)
+            pooled.extra.update({"workers": outcome.workers, "images_per_s_pooled": pooled.images_per_s,
+                                 "rounds": len(outcome.rounds)})
+            pooled.images_per_s = median
+            outcome.result, outcome.images_per_s_ci95 = pooled, ci
+            outcome.trace_round = min(outcome.rounds, key=lambda res: abs(res.images_per_s - median))
+            outcome.ranks = gather_results(pooled)
         if on_stage:
             on_stage(outcome)
-    return outcomes, data
+    return [outcomes[s.name] for s in stages], data
 
 
 def selected_stages(recipe: Recipe, only: Iterable[str] | None) -> list[RecipeStage]:
@@ -403,14 +392,3 @@ def selected_stages(recipe: Recipe, only: Iterable[str] | None) -> list[RecipeSt
             raise RecipeError(f"Unknown stage {missing[0]!r}. This recipe's stages are: {', '.join(known)}.")
         stages = [s for s in stages if s.name in wanted]
     return stages
-
-
-def _shutdown(loader) -> None:
-    """Stop persistent workers now rather than at garbage collection, so stages do not overlap."""
-    inner = getattr(loader, "loader", loader)
-    it = getattr(inner, "_iterator", None)
-    if it is not None and hasattr(it, "_shutdown_workers"):
-        it._shutdown_workers()
-    close = getattr(inner, "close", None)
-    if callable(close):
-        close()

@@ -1,10 +1,12 @@
 """What a recipe run leaves behind: the comparison table, the verdict, and the files.
 
-Owns: the table (stage, images/s, data wait %, GPU idle %, speedup vs baseline), the
-one-line verdict, ``results.json`` (every figure, the resolved recipe, the environment),
-``results.csv``, ``comparison.png`` (matplotlib, from the ``plot`` extra), one
-Chrome-trace JSON per stage (opens in Perfetto or ``chrome://tracing``), and
-``recipe compare`` of two ``results.json``.
+Owns: the table (stage, median images/s with its 95% interval, data wait %, GPU idle %,
+speedup vs the baseline or else the first stage, "~" where the stage's interval overlaps
+the reference's: within noise), the one-line verdict, ``results.json`` (every figure and
+every round, the resolved recipe, the environment from ``env.py``), ``results.csv``,
+``comparison.png`` (matplotlib, from the ``plot`` extra), one Chrome-trace JSON per stage
+(the round nearest the median; opens in Perfetto or ``chrome://tracing``), and
+``recipe compare`` of two ``results.json`` (ratios marked "~" where intervals overlap).
 
 Must not: run anything.
 """
@@ -13,37 +15,21 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import platform
 from pathlib import Path
 from typing import Any
 
+from fastload.measure.env import environment
+from fastload.measure.rounds import overlap
+
 __all__ = ["environment", "results_json", "format_table", "verdict", "write_outputs", "compare_results",
-           "chrome_trace"]
+           "chrome_trace", "CONTRACT"]
+
+#: What every stage hands the step (``stages.py``); printed under the table.
+CONTRACT = ("every stage hands the step float32 NCHW batches normalised with the ImageNet mean/std, "
+            "and int64 labels, on the run's device; each pays for that inside the timed loop")
 
 #: Below this data-wait (or idle) fraction a stage counts as not waiting on data.
 DATA_BOUND_THRESHOLD = 0.10
-
-
-def environment() -> dict[str, Any]:
-    """CPUs, affinity, versions and GPU of this run."""
-    import torch
-
-    from fastload.measure.doctor import package_version as version
-    from fastload.system import cpu_budget
-
-    b = cpu_budget()
-    env: dict[str, Any] = {
-        "python": platform.python_version(), "platform": platform.platform(), "processor": platform.machine(),
-        "cpus": {"machine": b.os_cpus, "affinity": b.affinity_cpus, "cgroup_quota": b.cgroup_quota,
-                 "usable": b.available},
-        "torch": torch.__version__, "torchvision": version("torchvision"), "cuda": torch.version.cuda,
-        "dali": version("nvidia-dali-cuda130"), "nvimgcodec": version("nvidia-nvimgcodec-cu13"),
-        "simplejpeg": version("simplejpeg"), "fastload": version("fastload"),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "local_world_size": os.environ.get("LOCAL_WORLD_SIZE"), "world_size": os.environ.get("WORLD_SIZE"),
-    }
-    return env
 
 
 def _stage_row(outcome) -> dict[str, Any]:
@@ -54,6 +40,15 @@ def _stage_row(outcome) -> dict[str, Any]:
     res = outcome.result
     row.update(res.to_json(with_records=False))
     row["workers"] = outcome.workers
+    row["normalises"] = outcome.normalises
+    row["images_per_s_ci95"] = list(outcome.images_per_s_ci95) if outcome.images_per_s_ci95 else None
+    row["rounds"] = [{"round": k, "position": pos, **r.to_json(with_records=False)}
+                     for k, pos, r in zip(outcome.round_index, outcome.position, outcome.rounds)]
+    for rr in row["rounds"]:
+        rr.pop("extra", None)
+    if outcome.evictions:
+        row["cache_evictions"] = outcome.evictions
+        row["eviction_confirmed"] = all(e["confirmed"] for e in outcome.evictions)
     if outcome.ranks and len(outcome.ranks) > 1:
         slowest = min(outcome.ranks, key=lambda x: x["images_per_s"])
         row["ranks"] = outcome.ranks
@@ -63,15 +58,32 @@ def _stage_row(outcome) -> dict[str, Any]:
 
 
 def results_json(recipe, outcomes, data) -> dict[str, Any]:
+    """Every figure of a run: per stage the median over rounds, its interval, every round,
+    the speedup vs the reference stage (``reference_row``: the baseline, else the first
+    that ran; kept under the key ``speedup_vs_baseline``) and per round the ratio to the
+    reference within the same round."""
     rows = [_stage_row(o) for o in outcomes]
-    base = next((r for r in rows if r["type"] == "baseline" and r["status"] == "ran"), None)
+    base = reference_row(rows)
     for r in rows:
         if r["status"] == "ran" and base:
             r["speedup_vs_baseline"] = r["images_per_s"] / base["images_per_s"]
-    return {"stages": rows, "recipe": recipe.to_json(),
+            r["within_noise_of_baseline"] = r is not base and overlap(r["images_per_s_ci95"],
+                                                                     base["images_per_s_ci95"])
+            base_rounds = {x["round"]: x["images_per_s"] for x in base["rounds"]}
+            for x in r["rounds"]:
+                if x["round"] in base_rounds:
+                    x["ratio_vs_baseline"] = x["images_per_s"] / base_rounds[x["round"]]
+    return {"stages": rows, "reference_stage": base["name"] if base else None, "recipe": recipe.to_json(),
+            "contract": CONTRACT,
             "data": {"folder": str(data.folder) if data.folder else None, "store": str(data.store),
                      "classes": data.num_classes},
             "environment": environment(), "verdict": verdict(rows)}
+
+
+def reference_row(rows: list[dict]) -> dict | None:
+    """What ratios are against: the ``baseline`` stage when it ran, else the first stage that ran."""
+    ran = [r for r in rows if r["status"] == "ran"]
+    return next((r for r in ran if r["type"] == "baseline"), ran[0] if ran else None)
 
 
 def verdict(rows: list[dict]) -> str:
@@ -80,14 +92,19 @@ def verdict(rows: list[dict]) -> str:
     if not ran:
         return "no stage ran."
     best = max(ran, key=lambda r: r["images_per_s"])
-    base = next((r for r in ran if r["type"] == "baseline"), None)
+    base = reference_row(rows)
     idle_name = "GPU idle" if best["idle_source"] == "cuda-events" else "device idle"
     parts = []
     if base and best is not base:
-        parts.append(f"'{best['name']}' removes most of the wait: {best['images_per_s'] / base['images_per_s']:.1f}x "
-                     f"baseline, data wait {base['data_wait_fraction']:.0%} -> {best['data_wait_fraction']:.0%}")
+        ratio = best["images_per_s"] / base["images_per_s"]
+        parts.append(f"'{best['name']}' removes most of the wait: {ratio:.1f}x '{base['name']}', data wait "
+                     f"{base['data_wait_fraction']:.0%} -> {best['data_wait_fraction']:.0%}")
     else:
         parts.append(f"'{best['name']}' is fastest")
+    rivals = [r["name"] for r in ran if r is not best and overlap(r.get("images_per_s_ci95"),
+                                                                  best.get("images_per_s_ci95"))]
+    if rivals:
+        parts.append(f"within noise of {', '.join(repr(n) for n in rivals)} (95% intervals overlap)")
     waiting = max(best["data_wait_fraction"], best["gpu_idle_fraction"])
     if waiting > DATA_BOUND_THRESHOLD:
         parts.append(f"it is still data-bound ({idle_name} {best['gpu_idle_fraction']:.0%}): more CPUs, a "
@@ -98,22 +115,51 @@ def verdict(rows: list[dict]) -> str:
     return "; ".join(parts) + "."
 
 
+def _ci(r: dict) -> str:
+    ci = r.get("images_per_s_ci95")
+    return f"{ci[0]:.0f}-{ci[1]:.0f}" if ci else "-"
+
+
 def format_table(rows: list[dict]) -> str:
-    head = f"{'stage':<16}{'workers':>8}{'images/s':>10}{'data wait':>11}{'GPU idle':>10}{'vs baseline':>13}"
+    """The comparison table: median images/s over rounds with its 95% interval, ratios
+    against the reference stage (``reference_row``)."""
+    ref = reference_row(rows)
+    vs = "vs " + (ref["name"] if ref else "baseline")
+    head = (f"{'stage':<16}{'workers':>8}{'images/s':>10}{'95% interval':>15}{'data wait':>11}{'GPU idle':>10}"
+            f"{vs:>{max(13, len(vs) + 2)}}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["status"] != "ran":
             lines.append(f"{r['name']:<16}{'':>8}{'skipped':>10}  {r['reason']}")
             continue
         idle = f"{r['gpu_idle_fraction']:.0%}" + ("" if r["idle_source"] == "cuda-events" else "*")
-        speed = f"{r['speedup_vs_baseline']:.2f}x" if "speedup_vs_baseline" in r else "-"
-        lines.append(f"{r['name']:<16}{r.get('workers') or 0:>8}{r['images_per_s']:>10.0f}"
-                     f"{r['data_wait_fraction']:>11.0%}{idle:>10}{speed:>13}")
+        speed = "-"
+        if "speedup_vs_baseline" in r:
+            speed = ("~" if r.get("within_noise_of_baseline") else "") + f"{r['speedup_vs_baseline']:.2f}x"
+        lines.append(f"{r['name']:<16}{r.get('workers') or 0:>8}{r['images_per_s']:>10.0f}{_ci(r):>15}"
+                     f"{r['data_wait_fraction']:>11.0%}{idle:>10}{speed:>{max(13, len(vs) + 2)}}")
         if r.get("ranks"):
             lines.append(f"{'':<16}{len(r['ranks'])} ranks: slowest rank {r['slowest_rank']}, "
                          f"{r['images_per_s_total']:.0f} images/s in total")
-    if any(r["status"] == "ran" and r["idle_source"] == "host-clock" for r in rows):
+    ran = [r for r in rows if r["status"] == "ran"]
+    if ran:
+        n = len(ran[0]["rounds"])
+        lines.append(f"images/s: median of {n} interleaved round{'s' if n != 1 else ''} (stage order rotated "
+                     "each round); interval: 95% hierarchical bootstrap over rounds, then steps")
+    if any(r.get("within_noise_of_baseline") for r in ran):
+        lines.append(f"~ within noise: the stage's interval overlaps {ref['name'] if ref else 'the baseline'}'s")
+    if any(r["idle_source"] == "host-clock" for r in ran):
         lines.append("* no CUDA: device idle from host clocks (time outside the model step)")
+    if ran:
+        lines.append(f"same output: {CONTRACT}. Where each stage normalises:")
+        lines += [f"  {r['name']:<14}{r['normalises']}" for r in ran if r.get("normalises")]
+    for r in ran:
+        if "eviction_confirmed" in r:
+            ev = r["cache_evictions"]
+            state = "confirmed (mincore)" if r["eviction_confirmed"] else "NOT confirmed: " + next(
+                e["note"] for e in ev if not e["confirmed"])
+            lines.append(f"cold cache, {r['name']}: {ev[0]['files']} files evicted before each of "
+                         f"{len(ev)} rounds, {state}")
     return "\n".join(lines)
 
 
@@ -183,13 +229,15 @@ def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], li
     out.mkdir(parents=True, exist_ok=True)
     results = results_json(recipe, outcomes, data)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    cols = ["name", "type", "status", "workers", "images_per_s", "steps_per_s", "data_wait_fraction",
+    cols = ["name", "type", "status", "workers", "images_per_s", "ci95_low", "ci95_high", "steps_per_s",
+            "data_wait_fraction",
             "copy_fraction", "compute_fraction", "gpu_idle_fraction", "idle_source", "speedup_vs_baseline", "reason"]
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
         w.writeheader()
         for row in results["stages"]:
-            w.writerow(row)
+            ci = row.get("images_per_s_ci95") or [None, None]
+            w.writerow({**row, "ci95_low": ci[0], "ci95_high": ci[1]})
     notes = []
     note = _plot(results["stages"], out / "comparison.png")
     if note:
@@ -198,30 +246,42 @@ def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], li
     for pid, o in enumerate(outcomes, 1):
         if o.result is not None:
             safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in o.stage.name)
-            (out / "traces" / f"{safe}.json").write_text(json.dumps(chrome_trace(o.result, pid=pid)))
+            trace = chrome_trace(o.trace_round if o.trace_round is not None else o.result, pid=pid)
+            (out / "traces" / f"{safe}.json").write_text(json.dumps(trace))
     return results, notes
 
 
 def compare_results(a: dict, b: dict) -> str:
-    """Two ``results.json`` side by side, stage by stage, with B/A ratios."""
+    """Two ``results.json`` side by side, stage by stage, with B/A ratios; a ratio is marked
+    "~" (within noise) when the two stages' 95% intervals overlap."""
     rows_a = {r["name"]: r for r in a["stages"]}
     rows_b = {r["name"]: r for r in b["stages"]}
     names = list(rows_a) + [n for n in rows_b if n not in rows_a]
-    head = (f"{'stage':<16}{'A images/s':>12}{'B images/s':>12}{'B/A':>8}{'A wait':>9}{'B wait':>9}"
-            f"{'A idle':>9}{'B idle':>9}")
+    head = (f"{'stage':<16}{'A images/s':>12}{'A 95%':>13}{'B images/s':>12}{'B 95%':>13}{'B/A':>8}"
+            f"{'A wait':>9}{'B wait':>9}{'A idle':>9}{'B idle':>9}")
     lines = [f"A: {a['recipe']['name']} ({a['environment'].get('gpu') or 'no GPU'}, "
              f"{a['environment']['cpus']['usable']} CPUs)",
              f"B: {b['recipe']['name']} ({b['environment'].get('gpu') or 'no GPU'}, "
              f"{b['environment']['cpus']['usable']} CPUs)", head, "-" * len(head)]
 
-    def cell(r, key, fmt):
-        return format(r[key], fmt) if r and r.get("status") == "ran" else "-"
+    def ran(r):
+        return bool(r) and r.get("status") == "ran"
 
+    def cell(r, key, fmt):
+        return format(r[key], fmt) if ran(r) else "-"
+
+    noisy = False
     for n in names:
         ra, rb = rows_a.get(n), rows_b.get(n)
-        both = ra and rb and ra.get("status") == "ran" and rb.get("status") == "ran"
-        ratio = f"{rb['images_per_s'] / ra['images_per_s']:.2f}x" if both else "-"
-        lines.append(f"{n:<16}{cell(ra, 'images_per_s', '.0f'):>12}{cell(rb, 'images_per_s', '.0f'):>12}{ratio:>8}"
+        ratio = "-"
+        if ran(ra) and ran(rb):
+            close = overlap(ra.get("images_per_s_ci95"), rb.get("images_per_s_ci95"))
+            noisy |= close
+            ratio = ("~" if close else "") + f"{rb['images_per_s'] / ra['images_per_s']:.2f}x"
+        lines.append(f"{n:<16}{cell(ra, 'images_per_s', '.0f'):>12}{_ci(ra) if ran(ra) else '-':>13}"
+                     f"{cell(rb, 'images_per_s', '.0f'):>12}{_ci(rb) if ran(rb) else '-':>13}{ratio:>8}"
                      f"{cell(ra, 'data_wait_fraction', '.0%'):>9}{cell(rb, 'data_wait_fraction', '.0%'):>9}"
                      f"{cell(ra, 'gpu_idle_fraction', '.0%'):>9}{cell(rb, 'gpu_idle_fraction', '.0%'):>9}")
+    if noisy:
+        lines.append("~ within noise: the two runs' 95% intervals overlap")
     return "\n".join(lines)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["StepRecord", "StageResult", "StepTimer", "NvmlSampler", "percentiles"]
+__all__ = ["StepRecord", "StageResult", "StepTimer", "NvmlSampler", "percentiles", "summarize_records"]
 
 
 @dataclass
@@ -165,29 +165,42 @@ class StepTimer:
         records = self.finish()
         if not records:
             raise ValueError(f"stage {name!r}: no measured steps (steps must be > 0 after {self.warmup} warm-up)")
-        wall = sum(r.total for r in records)
-        images = sum(r.images for r in records)
-        if self.cuda:
-            gaps = sum(r.gpu_idle or 0.0 for r in records)
-            span = sum(r.gpu_busy or 0.0 for r in records) + gaps
-            idle = gaps / span if span > 0 else 0.0
-            source = "cuda-events"
-        else:
-            idle = 1.0 - sum(r.compute for r in records) / wall
-            source = "host-clock"
-        pct = {key: {k: v * 1e3 for k, v in percentiles([getattr(r, key) for r in records]).items()}
-               for key in ("data_wait", "copy", "compute", "total")}
-        if self.cuda:
-            pct["gpu_busy"] = {k: v * 1e3 for k, v in percentiles([r.gpu_busy or 0.0 for r in records]).items()}
-            pct["gpu_idle"] = {k: v * 1e3 for k, v in percentiles([r.gpu_idle or 0.0 for r in records]).items()}
-        return StageResult(
-            name=name, device=str(self.device), batch_size=batch_size, steps=len(records), warmup=self.warmup,
-            images_per_s=images / wall, steps_per_s=len(records) / wall,
-            data_wait_fraction=sum(r.data_wait for r in records) / wall,
-            copy_fraction=sum(r.copy for r in records) / wall,
-            compute_fraction=sum(r.compute for r in records) / wall,
-            gpu_idle_fraction=max(0.0, min(1.0, idle)), idle_source=source,
-            percentiles_ms=pct, nvml=nvml, records=records)
+        return summarize_records(records, name=name, device=str(self.device), batch_size=batch_size,
+                                 warmup=self.warmup, nvml=nvml)
+
+
+def summarize_records(records: list[StepRecord], *, name: str, device: str, batch_size: int, warmup: int,
+                      nvml: dict[str, float] | None = None) -> StageResult:
+    """The ``StageResult`` of measured ``records`` (one run, or the rounds of a stage pooled).
+
+    GPU idle comes from the CUDA-event fields when the records have them, else from host clocks.
+    """
+    if not records:
+        raise ValueError(f"stage {name!r}: no measured steps")
+    cuda = any(r.gpu_busy is not None for r in records)
+    wall = sum(r.total for r in records)
+    images = sum(r.images for r in records)
+    if cuda:
+        gaps = sum(r.gpu_idle or 0.0 for r in records)
+        span = sum(r.gpu_busy or 0.0 for r in records) + gaps
+        idle = gaps / span if span > 0 else 0.0
+        source = "cuda-events"
+    else:
+        idle = 1.0 - sum(r.compute for r in records) / wall
+        source = "host-clock"
+    pct = {key: {k: v * 1e3 for k, v in percentiles([getattr(r, key) for r in records]).items()}
+           for key in ("data_wait", "copy", "compute", "total")}
+    if cuda:
+        pct["gpu_busy"] = {k: v * 1e3 for k, v in percentiles([r.gpu_busy or 0.0 for r in records]).items()}
+        pct["gpu_idle"] = {k: v * 1e3 for k, v in percentiles([r.gpu_idle or 0.0 for r in records]).items()}
+    return StageResult(
+        name=name, device=device, batch_size=batch_size, steps=len(records), warmup=warmup,
+        images_per_s=images / wall, steps_per_s=len(records) / wall,
+        data_wait_fraction=sum(r.data_wait for r in records) / wall,
+        copy_fraction=sum(r.copy for r in records) / wall,
+        compute_fraction=sum(r.compute for r in records) / wall,
+        gpu_idle_fraction=max(0.0, min(1.0, idle)), idle_source=source,
+        percentiles_ms=pct, nvml=nvml, records=records)
 
 
 class NvmlSampler:

@@ -8,11 +8,10 @@ The simulated step (``SimulatedStep(step_ms)``) sleeps for the time a GPU would 
 one batch. Sleeping releases the CPU exactly as an asynchronous GPU does (the host only
 launches kernels, then waits), so on a CPU-only machine the loaders compete for the CPUs
 the way they would beside a real GPU, and the result answers "would this pipeline keep a
-GPU busy at N images/s?". The simulated device also stands in for the GPU's share of the
-input work: on the CPU, batches are not moved or converted on the host (on a GPU the
-copy is DMA and uint8 → float is device work, part of ``step_ms``); loaders that convert
-to float in their workers (torchvision's ToTensor/Normalize, DALI CPU) still pay for it
-there, as they would beside a GPU.
+GPU busy at N images/s?". The simulated device leaves no input work undone: every batch
+goes through ``prepare_batch`` inside the timed loop on every device, so a loader that
+hands out ``uint8`` is normalised on the host, in the measured copy time, when the device
+is the CPU (recipe stages hand the step batches already normalised: ``stages.py``).
 
 Must not: build loaders (``recipe.py``) or write files (``report.py``).
 """
@@ -22,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,7 +29,7 @@ from fastload.errors import RecipeError
 from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
 
-__all__ = ["SimulatedStep", "build_model", "run_instrumented", "gather_results"]
+__all__ = ["SimulatedStep", "RunOptions", "build_model", "run_instrumented", "gather_results"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,32 @@ class SimulatedStep:
     def __post_init__(self) -> None:
         if self.step_ms < 0:
             raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """The less common settings of ``run_instrumented``.
+
+    Args:
+        channels_last: model and images in ``torch.channels_last``.
+        name: the stage name in the result.
+        batch_size: the batch size to report (default: the first batch's).
+        nvml: sample GPU utilisation with NVML on CUDA when it is installed.
+        max_in_flight: steps the host may queue ahead of the GPU (``StepTimer``).
+    """
+
+    channels_last: bool = False
+    name: str = "stage"
+    batch_size: int | None = None
+    nvml: bool = True
+    max_in_flight: int = 2
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
 
 
 def build_model(name: str, *, num_classes: int, step_ms: float | None = None) -> torch.nn.Module | SimulatedStep:
@@ -64,9 +89,8 @@ def build_model(name: str, *, num_classes: int, step_ms: float | None = None) ->
 
 
 def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *, steps: int, warmup: int = 5,
-                     device: str | torch.device | None = None, optimizer: torch.optim.Optimizer | None = None,
-                     amp: str | None = None, channels_last: bool = False, name: str = "stage",
-                     batch_size: int | None = None, nvml: bool = True,
+                     device: str | torch.device | None = None, amp: str | None = None,
+                     optimizer: torch.optim.Optimizer | None = None, options: RunOptions | None = None,
                      on_step: Callable[[], None] | None = None) -> StageResult:
     """Train ``model`` on ``loader`` for ``warmup + steps`` steps and measure every step.
 
@@ -77,10 +101,10 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
             restart counts as data wait, as it does in training).
         steps: measured steps; warm-up steps come first and are excluded from every figure.
         device: where the step runs (default: cuda when available, else cpu). Batches are
-            moved there; ``uint8`` images are normalised there.
-        optimizer: default ``SGD(lr=0.01, momentum=0.9)``.
+            moved there; ``uint8`` images are normalised there, inside the measured copy.
         amp: None, ``"bf16"`` or ``"fp16"`` autocast (fp16 with a GradScaler on CUDA).
-        channels_last: model and images in ``torch.channels_last``.
+        optimizer: default ``SGD(lr=0.01, momentum=0.9)``.
+        options: ``RunOptions`` (channels_last, name, batch_size, nvml, max_in_flight).
         on_step: called after every step (progress bars).
 
     Returns:
@@ -90,7 +114,11 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
         raise ValueError(f"need steps >= 1 and warmup >= 0, got steps={steps}, warmup={warmup}")
     if amp not in (None, "none", "bf16", "fp16"):
         raise ValueError(f"Unknown value {amp!r} for argument amp. Valid values are None, 'bf16', 'fp16'.")
-    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    from fastload.system import resolve_device
+
+    o = options or RunOptions()
+    channels_last = o.channels_last
+    device = resolve_device(device)
     simulated = isinstance(model, SimulatedStep)
     scaler = None
     if not simulated:
@@ -103,10 +131,10 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
             scaler = torch.amp.GradScaler("cuda")
     loss_fn = torch.nn.CrossEntropyLoss()
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp or "none")
-    timer = StepTimer(str(device), warmup=warmup)
+    timer = StepTimer(str(device), warmup=warmup, max_in_flight=o.max_in_flight)
     it = iter(loader)
-    seen_batch_size = batch_size or 0
-    sampler = NvmlSampler(device.index or 0) if (nvml and device.type == "cuda") else contextlib.nullcontext()
+    seen_batch_size = o.batch_size or 0
+    sampler = NvmlSampler(device.index or 0) if (o.nvml and device.type == "cuda") else contextlib.nullcontext()
     with sampler:
         for _ in range(warmup + steps):
             timer.begin()
@@ -116,11 +144,8 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
                 it = iter(loader)
                 batch = next(it)
             timer.got_batch()
-            if simulated and device.type == "cpu":
-                labels = batch[1]  # the simulated GPU does the copy and conversion within step_ms
-            else:
-                images, labels = prepare_batch(batch, device, dtype=None, channels_last=channels_last,
-                                               non_blocking=True)[:2]
+            images, labels = prepare_batch(batch, device, dtype=None, channels_last=channels_last,
+                                           non_blocking=True)[:2]
             seen_batch_size = seen_batch_size or len(labels)
             timer.copied()
             if simulated:
@@ -139,11 +164,11 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
             timer.computed(len(labels))
             if on_step is not None:
                 on_step()
-    result = timer.summarize(name, seen_batch_size,
+    result = timer.summarize(o.name, seen_batch_size,
                              nvml=sampler.result() if isinstance(sampler, NvmlSampler) else None)
     result.extra.update({"model": "simulated" if simulated else type(model).__name__, "amp": amp or "none",
                          "channels_last": channels_last,
-                         **({"step_ms": model.step_ms} if simulated else {})})
+                         **({"step_ms": model.step_ms} if simulated else {}), **o.extra})
     return result
 
 

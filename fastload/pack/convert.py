@@ -279,6 +279,13 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     return report
 
 
+def validator_options(options: ConvertOptions, src: Source) -> dict[str, Any]:
+    """What every worker's ``prepare_file`` gets besides the path (``bench convert`` times the same call)."""
+    return {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality,
+            "encoding": options.encoding, "max_file_bytes": options.max_file_bytes,
+            "inside": None if options.follow_symlinks else os.path.realpath(src.root)}
+
+
 def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOptions,
          chunks: list[fmt.ChunkRecord], report: ConvertReport) -> None:
     """Validate and write every not-yet-committed item; appends to ``chunks``."""
@@ -292,10 +299,7 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
     report.resumed_from = consumed
     todo = order[consumed:]
     payloads = [src.abspath(src.items[i][0]) for i in todo]
-    init = {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality,
-            "encoding": options.encoding,
-            "max_file_bytes": options.max_file_bytes,
-            "inside": None if options.follow_symlinks else os.path.realpath(src.root)}
+    init = validator_options(options, src)
     workers = options.workers or available_cpus()
     bar = tqdm(total=len(order), initial=consumed, unit="img", desc=f"convert {path.name}",
                disable=not options.progress, dynamic_ncols=True)

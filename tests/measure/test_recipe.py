@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -26,11 +27,16 @@ def write(tmp_path, text: str) -> Path:
 
 
 def test_shipped_recipes_parse():
-    for name in ("quickstart", "resnet50-imagenet", "workers-sweep"):
+    for name in ("quickstart", "resnet50-imagenet", "workers-sweep", "cold-storage"):
         r = load_recipe(RECIPES / f"{name}.toml")
         assert r.name == name and r.stages
     q = load_recipe(RECIPES / "quickstart.toml")
-    assert [s.type for s in q.stages] == ["baseline", "workers", "lmdb", "fast", "dali-cpu", "dali-gpu"]
+    assert [s.type for s in q.stages] == ["baseline", "workers", "lmdb", "fast", "threads", "dali-cpu", "dali-gpu"]
+    # interleaved rounds within the step budget of the former single pass (5 + 30 steps per stage)
+    assert q.run.rounds == 3 and q.run.rounds * (q.run.warmup + q.run.steps) <= 5 + 30 + 2
+    cold = load_recipe(RECIPES / "cold-storage.toml")
+    assert cold.dataset.cache == "cold" and cold.dataset.read_delay_ms > 0
+    assert {s.type for s in cold.stages} >= {"workers", "lmdb"}
     sweep = load_recipe(RECIPES / "workers-sweep.toml")
     assert [s.workers for s in sweep.stages] == [0, 1, 2, 4, "auto"]
 
@@ -38,13 +44,18 @@ def test_shipped_recipes_parse():
 @pytest.mark.parametrize("body, message", [
     ("[run]\nmodle = 'resnet50'\n[[stage]]\ntype='fast'", "Unknown field run.'modle'. Valid fields are: amp, "),
     ("[run]\nstep_ms=1\n[[stage]]\ntype='turbo'", "Unknown value 'turbo' for field stage.type. Valid values are "
-                                                  "'baseline', 'workers', 'lmdb', 'fast', 'dali-cpu', 'dali-gpu'"),
+                                                  "'baseline', 'workers', 'lmdb', 'fast', 'threads', 'dali-cpu', "
+                                                  "'dali-gpu'"),
     ("[run]\nstep_ms=1\n[[stage]]\ntype='fast'\nworkers=-1", "workers must be an integer >= 0"),
     ("[run]\nstep_ms=1\ndevice='tpu'\n[[stage]]\ntype='fast'", "Valid values are 'auto', 'cpu', 'cuda'"),
     ("[run]\nmodel='simulated'\n[[stage]]\ntype='fast'", "run.step_ms"),
     ("[run]\nstep_ms=1", "needs at least one [[stage]]"),
     ("[run]\nstep_ms=1\n[[stage]]\ntype='fast'\n[[stage]]\ntype='fast'", "'fast' is used twice"),
     ("[run\n", "not valid TOML"),
+    ("[dataset]\ncache='lukewarm'\n[run]\nstep_ms=1\n[[stage]]\ntype='fast'",
+     "Unknown value 'lukewarm' for field dataset.cache. Valid values are 'warm', 'cold'"),
+    ("[dataset]\nread_delay_ms=-1\n[run]\nstep_ms=1\n[[stage]]\ntype='fast'", "read_delay_ms must be a number >= 0"),
+    ("[run]\nstep_ms=1\nrounds=0\n[[stage]]\ntype='fast'", "run.rounds must be an integer >= 1"),
 ])
 def test_structural_errors_name_the_field(tmp_path, body, message):
     with pytest.raises(RecipeError) as info:
@@ -67,32 +78,118 @@ def test_missing_dataset_and_unknown_model_fail_before_any_stage(tmp_path, monke
         validate(r)
 
 
-def test_quickstart_runs_every_stage_and_writes_outputs(tiny_tree, tmp_path):
+def test_quickstart_runs_every_stage_in_rounds_and_writes_outputs(tiny_tree, tmp_path):
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["recipe", "run", str(RECIPES / "quickstart.toml"), "--folder", str(tiny_tree),
                                   "--store", str(tmp_path / "tiny.lmdb"), "--step-ms", "5", "--out", str(out),
-                                  *TINY_RUN])
+                                  "--rounds", "2", *TINY_RUN])
     assert r.exit_code == 0, r.output
-    assert "verdict:" in r.output and "vs baseline" in r.output
+    assert "verdict:" in r.output and "vs baseline" in r.output and "95% interval" in r.output
+    assert "median of 2 interleaved rounds" in r.output and "hierarchical bootstrap" in r.output
     results = json.loads((out / "results.json").read_text())
     stages = {s["name"]: s for s in results["stages"]}
-    assert list(stages) == ["baseline", "workers", "lmdb", "fast", "dali-cpu", "dali-gpu"]
-    for name in ("baseline", "workers", "lmdb", "fast"):
+    assert list(stages) == ["baseline", "workers", "lmdb", "fast", "threads", "dali-cpu", "dali-gpu"]
+    ran = [n for n, s in stages.items() if s["status"] == "ran"]
+    assert ran[:4] == ["baseline", "workers", "lmdb", "fast"]
+    for name in ran:
         s = stages[name]
-        assert s["status"] == "ran" and s["images_per_s"] > 0 and 0 <= s["data_wait_fraction"] <= 1
-        assert s["steps"] == 3 and "p99" in s["percentiles_ms"]["data_wait"]
+        assert s["images_per_s"] > 0 and 0 <= s["data_wait_fraction"] <= 1
+        assert s["steps"] == 2 * 3 and "p99" in s["percentiles_ms"]["data_wait"]  # both rounds pooled
+        assert [x["round"] for x in s["rounds"]] == [0, 1] and all(x["steps"] == 3 for x in s["rounds"])
+        assert s["images_per_s"] == pytest.approx(statistics.median(x["images_per_s"] for x in s["rounds"]))
+        low, high = s["images_per_s_ci95"]
+        assert low <= s["images_per_s"] <= high
+        assert s["normalises"]
+    # round 1 runs the stages rotated by one: the first stage of round 0 runs last in round 1
+    assert stages[ran[0]]["rounds"][0]["position"] == 0 and stages[ran[0]]["rounds"][1]["position"] == len(ran) - 1
+    assert stages["workers"]["rounds"][1]["position"] == 0
     assert stages["baseline"]["speedup_vs_baseline"] == 1.0
+    assert [x["ratio_vs_baseline"] for x in stages["baseline"]["rounds"]] == [1.0, 1.0]
     assert stages["dali-gpu"]["status"] == "skipped" and "CUDA" in stages["dali-gpu"]["reason"]
     assert results["recipe"]["run"]["steps"] == 3 and results["recipe"]["dataset"]["folder"] == str(tiny_tree)
     assert results["environment"]["cpus"]["usable"] >= 1 and results["environment"]["torch"]
-    assert (out / "results.csv").read_text().startswith("name,type,status")
+    assert "float32 NCHW" in results["contract"] and "same output:" in r.output
+    assert (out / "results.csv").read_text().startswith("name,type,status,workers,images_per_s,ci95_low,ci95_high")
     assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
     trace = json.loads((out / "traces" / "fast.json").read_text())
     kinds = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert kinds == {"data wait", "copy", "compute"}
+    assert len([e for e in trace["traceEvents"] if e["name"] == "compute"]) == 3  # one round's timeline
 
     r2 = CliRunner().invoke(main, ["recipe", "compare", str(out / "results.json"), str(out / "results.json")])
-    assert r2.exit_code == 0 and "1.00x" in r2.output and "fast" in r2.output
+    assert r2.exit_code == 0 and "~1.00x" in r2.output and "fast" in r2.output and "within noise" in r2.output
+
+
+def test_compare_marks_only_overlapping_intervals(tmp_path):
+    from fastload.measure.report import compare_results
+
+    env = {"gpu": None, "cpus": {"usable": 2}}
+
+    def run(rate, ci):
+        return {"recipe": {"name": "x"}, "environment": env,
+                "stages": [{"name": "fast", "status": "ran", "images_per_s": rate, "images_per_s_ci95": ci,
+                            "data_wait_fraction": 0.1, "gpu_idle_fraction": 0.1}]}
+
+    apart = compare_results(run(100, [95, 105]), run(150, [140, 160]))
+    assert " 1.50x" in apart and "~" not in apart
+    close = compare_results(run(100, [90, 110]), run(105, [100, 112]))
+    assert "~1.05x" in close and "within noise" in close
+
+
+def test_cold_cache_evicts_before_every_stage_and_says_so(tiny_tree, tmp_path):
+    from fastload.measure.cache import resident_bytes
+
+    recipe = write(tmp_path, f"""
+        [dataset]
+        folder = "{tiny_tree}"
+        store = "{tmp_path / 'cold.lmdb'}"
+        cache = "cold"
+        [run]
+        step_ms = 1
+        batch_size = 4
+        image_size = 32
+        steps = 2
+        warmup = 1
+        rounds = 2
+        [[stage]]
+        type = "workers"
+        workers = 1
+        [[stage]]
+        type = "lmdb"
+        workers = 1
+    """)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["recipe", "run", str(recipe), "--out", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    results = json.loads((out / "results.json").read_text())
+    stages = results["stages"]
+    assert results["reference_stage"] == "workers" and "vs workers" in r.output  # no baseline stage
+    assert stages[0]["speedup_vs_baseline"] == 1.0
+    files = sum(1 for p in tiny_tree.rglob("*") if p.is_file()) + sum(1 for p in (tmp_path / "cold.lmdb").iterdir())
+    probe = next(tiny_tree.rglob("*.jpg"))
+    probe.read_bytes()
+    measurable = resident_bytes(probe) is not None
+    for s in stages:
+        ev = s["cache_evictions"]
+        assert [e["round"] for e in ev] == [0, 1] and all(e["files"] == files for e in ev)
+        if measurable:
+            assert all(e["resident_after"] is not None for e in ev)
+            assert s["eviction_confirmed"] == all(e["resident_after"] <= 0.02 * e["bytes"] for e in ev)
+        state = "confirmed (mincore)" if s["eviction_confirmed"] else "NOT confirmed"
+        assert f"cold cache, {s['name']}: {files} files evicted before each of 2 rounds, {state}" in r.output
+
+
+def test_unconfirmed_eviction_is_reported(tmp_path, monkeypatch):
+    import fastload.measure.cache as cache
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(b"x" * 10000)
+    monkeypatch.setattr(cache, "resident_bytes", lambda p: p.stat().st_size)  # nothing leaves the cache
+    ev = cache.evict([f])
+    assert not ev.confirmed and "100% of the files stayed in the page cache" in ev.note
+    monkeypatch.setattr(cache, "resident_bytes", lambda p: None)
+    ev = cache.evict([f])
+    assert not ev.confirmed and "eviction not confirmed" in ev.note
 
 
 def test_only_selected_stages_and_unknown_stage(tiny_tree, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fastload.measure.timing import StepTimer, percentiles
-from fastload.measure.train import SimulatedStep, build_model, run_instrumented
+from fastload.measure.train import RunOptions, SimulatedStep, build_model, run_instrumented
 from fastload.errors import RecipeError
 
 gpu = pytest.mark.gpu
@@ -72,10 +72,51 @@ def test_timer_without_steps_is_an_error():
         t.summarize("x", 4)
 
 
-@gpu
-def test_gpu_idle_from_cuda_events():
-    """A loader 20 ms slow per batch and ~10 ms of GPU work: the GPU is idle about 2/3 of the time."""
+def test_uint8_batches_are_normalised_inside_the_timed_loop_on_cpu():
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            seen.append((x.dtype, float(x.min())))
+            return self.lin(x.mean(dim=(2, 3)))
+
+    run_instrumented(Probe(), SlowLoader(0.0), steps=2, warmup=0, device="cpu",
+                     options=RunOptions(name="probe", batch_size=4))
+    mean, std = 0.485, 0.229  # channel 0: uint8 zeros become (0 - mean) / std
+    assert seen and all(dtype == torch.float32 and lo == pytest.approx(-2.1179, abs=1e-3) for dtype, lo in seen)
+    assert -mean / std == pytest.approx(-2.1179, abs=1e-3)
+
+
+def test_run_options():
+    result = run_instrumented(SimulatedStep(0), SlowLoader(0.0), steps=2, warmup=0, device="cpu",
+                              options=RunOptions(name="named", batch_size=9, extra={"tag": 1}))
+    assert result.name == "named" and result.batch_size == 9 and result.extra["tag"] == 1
+    with pytest.raises(ValueError, match="max_in_flight must be >= 1"):
+        RunOptions(max_in_flight=0)
+
+
+def _busy_model(target_ms: float):
+    """A model whose forward is ~``target_ms`` of GPU work (calibrated on this GPU)."""
     a = torch.randn(2048, 2048, device="cuda")
+
+    def work(n):
+        y = a
+        for _ in range(n):
+            y = y @ a / 2048
+        return y
+
+    work(4)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    work(20)
+    end.record()
+    end.synchronize()
+    reps = max(1, round(target_ms / (start.elapsed_time(end) / 20)))
 
     class Busy(torch.nn.Module):
         def __init__(self):
@@ -83,13 +124,30 @@ def test_gpu_idle_from_cuda_events():
             self.w = torch.nn.Parameter(torch.zeros(1, device="cuda"))
 
         def forward(self, x):
-            y = a
-            for _ in range(8):
-                y = y @ a / 2048
-            return (x.float().mean() + y.mean() + self.w).expand(x.shape[0], 3)
+            return (x.float().mean() + work(reps).mean() + self.w).expand(x.shape[0], 3)
 
-    result = run_instrumented(Busy(), SlowLoader(0.02), steps=15, warmup=3, device="cuda")
+    return Busy()
+
+
+@gpu
+def test_gpu_idle_from_cuda_events_when_the_loader_is_slower_than_the_gpu():
+    """Loader 20 ms per batch, ~8 ms of GPU work per step. StepTimer lets steps run ahead,
+    but a data-bound loop has nothing queued: each step's kernels start when its batch
+    arrives, so the GPU works ``busy`` ms of every host step and idles the rest. The truth
+    is 1 - busy / step time (about 0.6), not the synchronous loop's 20 / (20 + busy)."""
+    result = run_instrumented(_busy_model(8.0), SlowLoader(0.02), steps=15, warmup=3, device="cuda")
     assert result.idle_source == "cuda-events"
     busy = result.percentiles_ms["gpu_busy"]["mean"]
-    expected = 20 / (20 + busy) if busy < 20 else 0.0
-    assert abs(result.gpu_idle_fraction - expected) < 0.1
+    step = result.percentiles_ms["total"]["mean"]
+    assert 4 < busy < 16, busy  # the calibration held: the loader, not the GPU, sets the pace
+    expected = 1 - busy / step
+    assert abs(result.gpu_idle_fraction - expected) < 0.08, (result.gpu_idle_fraction, expected)
+    assert abs(result.gpu_idle_fraction - 20 / (20 + busy)) > 0.05  # the synchronous-loop answer is refuted
+
+
+@gpu
+def test_gpu_idle_near_zero_when_steps_queue_ahead():
+    """No loader delay and ~8 ms of GPU work: with two steps in flight the GPU always has the
+    next step queued, so it is (almost) never idle even though the host waits on it."""
+    result = run_instrumented(_busy_model(8.0), SlowLoader(0.0), steps=15, warmup=3, device="cuda")
+    assert result.gpu_idle_fraction < 0.1, result.gpu_idle_fraction

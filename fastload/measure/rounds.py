@@ -1,0 +1,84 @@
+"""Interleaved rounds: the median of a stage's rounds, its 95% interval, and "within noise".
+
+Owns: the statistics that turn R rounds of per-step records into one figure people can
+trust, and the order stages run in each round. No I/O, no torch.
+
+* The figure is the **median over rounds** of each round's images/s (images / wall time
+  of that round's measured steps).
+* The 95% interval is a **hierarchical bootstrap** (2,000 resamples, fixed seed): each
+  resample draws R rounds with replacement, then each drawn round's steps with
+  replacement, and takes the median of the resampled rounds' images/s; the interval is
+  the 2.5th-97.5th percentile of those medians. Resampling rounds carries the
+  round-to-round drift of the machine (what interleaving is for), resampling steps the
+  step-to-step jitter; with one round it is a plain bootstrap over steps.
+* Two figures are **within noise** of each other when their intervals overlap.
+* Round ``k`` runs the stages rotated by ``k`` places, so no stage always follows the
+  same neighbour (a stage's left-over workers or page cache would otherwise always bill
+  the same next stage).
+
+Must not: run stages (``recipe.py``) or format tables (``report.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TypeVar
+
+import numpy as np
+
+__all__ = ["round_rate", "median_and_interval", "overlap", "rotated", "BOOTSTRAP_RESAMPLES"]
+
+T = TypeVar("T")
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def round_rate(images: Sequence[float], seconds: Sequence[float]) -> float:
+    """Images per second of one round's steps."""
+    total = float(np.sum(seconds))
+    return float(np.sum(images)) / total if total > 0 else 0.0
+
+
+def median_and_interval(rounds: Sequence[tuple[Sequence[float], Sequence[float]]], *,
+                        resamples: int = BOOTSTRAP_RESAMPLES, confidence: float = 0.95,
+                        seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """The median of the rounds' images/s and its hierarchical-bootstrap interval.
+
+    Args:
+        rounds: per round, ``(images per step, seconds per step)``.
+
+    Raises:
+        ValueError: no rounds, or a round without steps.
+    """
+    if not rounds:
+        raise ValueError("need at least one round")
+    rng = np.random.default_rng(seed)
+    boot = np.empty((len(rounds), resamples))
+    for k, (images, seconds) in enumerate(rounds):
+        im, sec = np.asarray(images, dtype=float), np.asarray(seconds, dtype=float)
+        if im.size == 0 or im.size != sec.size:
+            raise ValueError(f"round {k}: needs one images and one seconds value per step")
+        idx = rng.integers(0, im.size, size=(resamples, im.size))
+        boot[k] = im[idx].sum(axis=1) / sec[idx].sum(axis=1)
+    picks = rng.integers(0, len(rounds), size=(resamples, len(rounds)))
+    draws = rng.integers(0, resamples, size=(resamples, len(rounds)))
+    medians = np.median(boot[picks, draws], axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    figure = float(np.median([round_rate(im, sec) for im, sec in rounds]))
+    return figure, (float(low), float(high))
+
+
+def overlap(a: Sequence[float] | None, b: Sequence[float] | None) -> bool:
+    """Whether two ``[low, high]`` intervals overlap (False when either is missing)."""
+    if not a or not b:
+        return False
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def rotated(items: Sequence[T], k: int) -> list[T]:
+    """``items`` rotated left by ``k`` places (round ``k``'s order)."""
+    if not items:
+        return []
+    k %= len(items)
+    return list(items[k:]) + list(items[:k])
