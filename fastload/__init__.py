@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "TooManyCorruptSamplesError": "fastload.errors",
     "RecipeError": "fastload.errors",
     "MissingDependencyError": "fastload.errors",
+    "ResumeStateError": "fastload.errors",
     "Overloaded": "fastload.errors",
     # pack
     "convert": "fastload.pack.convert",

@@ -14,9 +14,10 @@
     ├── TooManyCorruptSamplesError     on_error="skip" met too many failures in a row
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
+    ├── ResumeStateError               a loader state cannot be loaded here (corrupt, or another dataset/seed/setup)
     └── Overloaded                     the inference batcher's queue is full; retry later
 
-Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError`` and ``SourceError``
+Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError``, ``ResumeStateError`` and ``SourceError``
 inherit from it) so code that already catches ``ValueError`` keeps working.
 """
 
@@ -35,6 +36,7 @@ __all__ = [
     "TooManyCorruptSamplesError",
     "RecipeError",
     "MissingDependencyError",
+    "ResumeStateError",
     "Overloaded",
 ]
 
@@ -97,6 +99,13 @@ class RecipeError(FastloadError, ValueError):
 
 class MissingDependencyError(FastloadError, ImportError):
     """An optional dependency is missing; the message holds the pip command that installs it."""
+
+
+class ResumeStateError(FastloadError, ValueError):
+    """A loader state (``load_state_dict``) is corrupt or was saved for another dataset, seed or setup.
+
+    The message names the field that differs, the saved and the current value.
+    """
 
 
 class Overloaded(FastloadError):
