@@ -33,8 +33,9 @@ from fastload.load.state import SampleIndex, global_order, mix_seed, rng_restore
 class EpochRecord:
     """The epoch an iterator is in: what the loader's ``state_dict()`` is built from."""
 
-    def __init__(self, epoch: int, plan: dict | None, sample_seed: int | None) -> None:
+    def __init__(self, epoch: int, plan: dict | None, sample_seed: int | None, loader_generator) -> None:
         self.epoch, self.plan, self.sample_seed = epoch, plan, sample_seed
+        self.loader_generator = loader_generator
         self.batches = 0            # yielded by this iterator (a resumed one counts from the resume)
         self.finished = False
         self.order: dict | None = None   # how this epoch's order is rebuilt (set at its first index)
@@ -63,10 +64,26 @@ class _Hooks:
         except StopIteration:
             if self._fl is not None:
                 self._fl._resume_epoch_ended(self)
+            self._give_back_threads()
             raise
         if self._fl is not None:
             self._fl._resume_batch_yielded(self)
         return data
+
+    _threads_before: int | None = None
+
+    def restore_threads_to(self, count: int) -> None:
+        """Give torch's intra-op thread count back (``count``) when this epoch ends or shuts down."""
+        if self._threads_before is None:
+            self._threads_before = count
+
+    def _give_back_threads(self) -> None:
+        before, self._threads_before = self._threads_before, None
+        if before is not None:
+            try:
+                torch.set_num_threads(before)
+            except Exception:  # interpreter shutdown (reached from __del__)
+                pass
 
 
 class SingleIter(_Hooks, _SingleProcessDataLoaderIter):
@@ -104,9 +121,7 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
 
     def _shutdown_workers(self) -> None:
         super()._shutdown_workers()
-        fl = self._fl
-        if fl is not None:
-            fl._resume_restore_threads()
+        self._give_back_threads()
 
 
 class _SeededFetcher:
@@ -187,19 +202,15 @@ class ResumableIndex:
     it runs under a copy of torch's RNG state so resuming consumes none of the user's draws.
     """
 
-    def __init__(self, loader, inner) -> None:
-        self._loader, self.inner = weakref.ref(loader), inner  # weak: no loader <-> sampler cycle
-
-    @property
-    def loader(self):
-        return self._loader()
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.live: EpochRecord | None = None  # set by the loader when an epoch starts
 
     def __len__(self) -> int:
         return len(self.inner)
 
-    def generators(self) -> dict[str, torch.Generator]:
+    def generators(self, loader_gen) -> dict[str, torch.Generator]:
         gens = {"global": torch.default_generator}
-        loader_gen = self.loader.generator if self.loader is not None else None
         for name, g in (("loader", loader_gen), ("sampler", getattr(self.sampler(), "generator", None))):
             if isinstance(g, torch.Generator) and all(g is not h for h in gens.values()):
                 gens[name] = g
@@ -215,8 +226,7 @@ class ResumableIndex:
         return None
 
     def __iter__(self):
-        loader = self.loader
-        rec = loader._resume_live if loader is not None else None
+        rec = self.live
         plan = rec.plan if rec is not None else None
         dist_sampler, per = _find_distributed(self.inner)
         if dist_sampler is not None:
@@ -231,11 +241,11 @@ class ResumableIndex:
         part = self.stateful_part()
         if rec is not None:
             rec.order = {"kind": "replay", "sampler": part.state_dict() if part is not None else None,
-                         "rng": rng_snapshot(self.generators())}
+                         "rng": rng_snapshot(self.generators(rec.loader_generator))}
         yield from self.inner
 
     def _replay(self, rec, plan):
-        gens = self.generators()
+        gens = self.generators(rec.loader_generator)
         order, skip = plan["order"], plan["batches"]
         now = rng_snapshot(gens)
         try:  # draw the saved epoch's order from the saved RNG state, then give the user's back

@@ -91,18 +91,20 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._auto_sampler:
             self.sampler.set_epoch(self._epoch)
         self._epoch += 1
+        before = None
         if self.num_workers > 0 and self.main_threads is not None:
             target = main_thread_budget(self.num_workers) if self.main_threads == "auto" else self.main_threads
             if self.main_threads != "auto" or torch.get_num_threads() > target:
-                if self._threads_before is None:
-                    self._threads_before = torch.get_num_threads()
+                before = torch.get_num_threads()
                 torch.set_num_threads(target)
-        return self._resume_iter()
+        it = self._resume_iter()
+        if before is not None and isinstance(it, _ri.MultiIter):  # given back when the epoch ends
+            it.restore_threads_to(before)
+        return it
 
     # ---- mid-epoch resume (state.py has the format and the rules) ---------------------------
 
     def _resume_setup(self) -> None:
-        self._threads_before: int | None = None
         self._resume_plan: dict | None = None
         self._resume_live: _ri.EpochRecord | None = None
         self._resume_index: _ri.ResumableIndex | None = None
@@ -117,7 +119,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if getattr(self, "_resume_iterable", True):
             return inner
         if self._resume_index is None or self._resume_index.inner is not inner:
-            self._resume_index = _ri.ResumableIndex(self, inner)
+            self._resume_index = _ri.ResumableIndex(inner)
         return self._resume_index
 
     def _get_iterator(self):
@@ -177,13 +179,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 seed = _state.mix_seed(dist_sampler.seed, 0x5EED)
             else:
                 seed = int(it._base_seed)
-        rec = _ri.EpochRecord(self._epoch - 1, plan, seed)
+        rec = _ri.EpochRecord(self._epoch - 1, plan, seed, self.generator)
         rotate = 0
         if self._resume_iterable and self.num_workers > 0:
             saved = plan["workers"] if plan is not None else None
             rec.worker_states = list(saved["states"]) if saved else [None] * self.num_workers
             rec.next_worker = rotate = saved["next"] if saved else 0
         self._resume_live = rec
+        if not self._resume_iterable:
+            self._index_sampler.live = rec  # read at the epoch's first index, maybe after the loader is gone
         return rotate
 
     def _resume_batch_yielded(self, it) -> None:
@@ -199,15 +203,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _resume_epoch_ended(self, it) -> None:
         if self._resume_live is not None:
             self._resume_live.finished = True
-        self._resume_restore_threads()
-
-    def _resume_restore_threads(self) -> None:
-        before, self._threads_before = self._threads_before, None
-        if before is not None:
-            try:
-                torch.set_num_threads(before)
-            except Exception:  # interpreter shutdown (called from the iterator's __del__)
-                pass
 
     def _resume_facts(self) -> dict:
         if self._resume_ident is None:
