@@ -171,15 +171,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     def _resume_epoch_started(self, it) -> int:
         plan, self._resume_plan = self._resume_plan, None
         seed = None
+        dist_sampler = self._resume_distributed()
         if self._resume_seeding:
-            dist_sampler = self._resume_distributed()
             if plan is not None and plan["sample_seed"] is not None:
                 seed = plan["sample_seed"]
             elif dist_sampler is not None:  # the same on every rank, whatever the world size
                 seed = _state.mix_seed(dist_sampler.seed, 0x5EED)
             else:
                 seed = int(it._base_seed)
-        rec = _ri.EpochRecord(self._epoch - 1, plan, seed, self.generator)
+        epoch = dist_sampler.epoch if dist_sampler is not None else self._epoch - 1  # the user may set_epoch
+        rec = _ri.EpochRecord(epoch, plan, seed, self.generator)
         rotate = 0
         if self._resume_iterable and self.num_workers > 0:
             saved = plan["workers"] if plan is not None else None
@@ -237,8 +238,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
               "batch_size": self.batch_size, "seed": facts["seed"],
               "generator": bytes(self.generator.get_state().numpy().tobytes())
               if isinstance(self.generator, torch.Generator) else None,
-              "epoch": self._epoch, "batches": 0, "order": None, "sample_seed": None,
-              "dataset_state": None, "workers": None}
+              "epoch": rec.epoch + 1 if rec is not None else self._epoch, "batches": 0, "order": None,
+              "sample_seed": None, "dataset_state": None, "workers": None}
         stateful = self._resume_iterable and _ri._stateful(self.dataset)
         if rec is not None and not rec.finished:
             done = rec.plan["batches"] if rec.plan is not None else 0

@@ -198,13 +198,13 @@ def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None,
         raise mismatch_error("the dataset identity (checksums and labels)", ds.get("identity"), identity,
                    "this is a different dataset (or store) of the same length; resume with the one it "
                    "was saved with.")
-    if sd["seed"] != seed:
-        raise mismatch_error("the seed", sd["seed"], seed, "pass the same seed (DistributedSampler(seed=...) or "
-                   "generator=torch.Generator().manual_seed(...)) as the run that saved it.")
     order = sd["order"]
     if order is not None and (order.get("kind") == "distributed") != distributed:
         raise mismatch_error("the sampler", order.get("kind"), "distributed" if distributed else "replay",
                    "resume under the same kind of sampler (DistributedSampler in both runs, or in neither).")
+    if sd["seed"] != seed:
+        raise mismatch_error("the seed", sd["seed"], seed, "pass the same seed (DistributedSampler(seed=...) or "
+                   "generator=torch.Generator().manual_seed(...)) as the run that saved it.")
     if (order is not None and order.get("kind") == "replay" and sd["batches"] and sd["batch_size"] != batch_size):
         raise mismatch_error("batch_size", sd["batch_size"], batch_size, "a non-distributed epoch resumes by batch "
                    "count: use the same batch_size (DistributedSampler epochs may change it).")
