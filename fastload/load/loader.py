@@ -142,6 +142,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         plan = self._resume_plan
         if plan is None:
             return super().__iter__()
+        if plan["order"] is None and not plan["batches"] and plan["workers"] is None:
+            # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
+            if self._resume_iterable and plan["dataset_state"] is not None:
+                self.dataset.load_state_dict(plan["dataset_state"])
+            return super().__iter__()
         if self._resume_iterable and self.num_workers == 0 and plan["dataset_state"] is not None:
             self.dataset.load_state_dict(plan["dataset_state"])
         gens = self._resume_generators()

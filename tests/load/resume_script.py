@@ -5,8 +5,9 @@
 CONFIG keys: kind ("map" | "iterable"), n, batch, workers, shuffle, persistent,
 generator (seed or null), seed (torch.manual_seed at start), save_at (list of k: after k
 batches of epoch 0 write {"loader": state_dict(), "rng": torch RNG} to ckpt_dir/k.pt),
-resume (a checkpoint path or null: load it, then finish that epoch), epochs (full epochs to
-run after that), out (JSON file: {"epochs": [[sample ids per batch...]...]}), and for the
+resume (a checkpoint path or null: load it, then finish that epoch; or a list of paths: a fresh
+loader for each, in turn), epochs (epochs to run, the resumed one first), out (JSON file:
+{"epochs": [[sample ids per batch...]...]}, or {"runs": [that, per checkpoint]}), and for the
 kill test: log (append one line per batch), step_sleep (seconds per batch), every (checkpoint
 every N batches into ckpt_dir/latest.pt, atomically).
 """
@@ -75,19 +76,18 @@ def save(path: str, loader: DataLoader, step: int) -> None:
     os.replace(tmp, path)
 
 
-def main(cfg: dict) -> None:
+def run(cfg: dict, resume: str | None) -> list[list[list[int]]]:
     torch.manual_seed(cfg.get("seed", 0))
     loader = build(cfg)
     epochs: list[list[list[int]]] = []
     save_at = set(cfg.get("save_at", []))
     log = open(cfg["log"], "a") if cfg.get("log") else None
-    if cfg.get("resume"):
-        ck = torch.load(cfg["resume"], weights_only=False)
+    step = 0
+    if resume:
+        ck = torch.load(resume, weights_only=False)
         torch.set_rng_state(ck["rng"])
         loader.load_state_dict(ck["loader"])
         step = ck["step"]
-    else:
-        step = 0
     for e in range(cfg.get("epochs", 1)):
         batches: list[list[int]] = []
         if e == 0 and 0 in save_at:
@@ -104,8 +104,18 @@ def main(cfg: dict) -> None:
             if cfg.get("every") and step % cfg["every"] == 0:
                 save(f"{cfg['ckpt_dir']}/latest.pt", loader, step)
         epochs.append(batches)
+    return epochs
+
+
+def main(cfg: dict) -> None:
+    """One run, or (``resume`` a list) one fresh loader per checkpoint, in this one new process."""
+    resume = cfg.get("resume")
+    if isinstance(resume, list):
+        out = {"runs": [run(cfg, path) for path in resume]}
+    else:
+        out = {"epochs": run(cfg, resume)}
     with open(cfg["out"], "w") as f:
-        json.dump({"epochs": epochs}, f)
+        json.dump(out, f)
 
 
 if __name__ == "__main__":
