@@ -9,6 +9,11 @@ on every rank; rank ``r`` of ``w`` takes every ``w``-th sample of it, padded by 
 number of batches. The epoch is then padded up to a whole number of batches by repeating
 its first samples; the iterator trims that padding away (``last_batch_policy=PARTIAL``) or
 drops the partial batch (``drop_last``).
+
+Resume (``DALILoader.load_state_dict``): a pipeline built to resume mid-epoch reads, in its
+first epoch, the list of global indices this rank has left (``resume``; computed by the
+loader with the elastic rule of ``fastload.load.state``), and from its second epoch on the
+plain per-epoch order of epoch ``epoch_offset + epoch_idx``.
 """
 
 from __future__ import annotations
@@ -28,19 +33,35 @@ class StoreSource:
         self.reader = reader
         self.labels = reader.labels
         self.n = len(reader)
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.rank, self.world = rank, world
         self.per_rank = math.ceil(self.n / world)
         full = self.per_rank // batch_size * batch_size
         self.epoch_samples = full if drop_last else self.per_rank  # what the user gets
         self.padded = full if drop_last else math.ceil(self.per_rank / batch_size) * batch_size
         self._order: tuple[int, np.ndarray] | None = None
+        self.epoch_offset = 0                 # the real epoch of this pipeline's epoch 0
+        self.first: np.ndarray | None = None  # a resumed epoch 0: this rank's remaining indices
+        self.first_padded = 0
+
+    def resume(self, epoch: int, remaining) -> int:
+        """Make the pipeline's first epoch ``remaining`` (epoch ``epoch``); return its sample count."""
+        self.epoch_offset = epoch
+        self.first = np.asarray(remaining, dtype=np.int64)
+        m, b = len(self.first), self.batch_size
+        full = m // b * b
+        self.first_padded = full if self.drop_last else math.ceil(m / b) * b
+        return full if self.drop_last else m
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """All ``n`` indices of ``epoch`` in order, before the split between ranks."""
+        return (np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle
+                else np.arange(self.n))
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's global sample indices for ``epoch`` (length ``per_rank``)."""
         if self._order is None or self._order[0] != epoch:
-            perm = (np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle
-                    else np.arange(self.n))
+            perm = self.global_order(epoch)
             total = self.per_rank * self.world
             if total > self.n:  # pad by wrapping so every rank gets the same count
                 perm = np.concatenate([perm, perm[: total - self.n]])
@@ -55,8 +76,13 @@ class StoreSource:
 
     def __call__(self, sample_info):
         k = sample_info.idx_in_epoch
-        if k >= self.padded:
-            raise StopIteration
-        index = int(self.order(sample_info.epoch_idx)[k % self.per_rank])
+        if self.first is not None and sample_info.epoch_idx == 0:
+            if k >= self.first_padded:
+                raise StopIteration
+            index = int(self.first[k % len(self.first)])
+        else:
+            if k >= self.padded:
+                raise StopIteration
+            index = int(self.order(sample_info.epoch_idx + self.epoch_offset)[k % self.per_rank])
         data = np.frombuffer(self.reader.get(index), dtype=np.uint8)
         return data, np.array([self.labels[index]], dtype=np.int64), np.array([index], dtype=np.int64)

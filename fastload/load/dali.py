@@ -43,7 +43,8 @@ from pathlib import Path
 
 import torch
 
-from fastload.errors import CorruptSampleError, MissingDependencyError
+from fastload.errors import CorruptSampleError, MissingDependencyError, ResumeStateError
+from fastload.load import state as _state
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["DALILoader", "dali_available"]
@@ -255,6 +256,9 @@ class DALILoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if not getattr(self, "_resume_inner", False):  # position bookkeeping and resume: _resume_iter
+            yield from self._resume_iter()
+            return
         if self._iter is None:
             self._iter = self._make_iterator()
         epoch = self.epoch
@@ -310,3 +314,122 @@ class DALILoader:
         if self._pipe is not None:
             del self._pipe
             self._pipe = None
+
+    # ---- resume (state_dict / load_state_dict; the rules are fastload.load.state's) --------
+
+    def _resume_identity(self) -> str | None:
+        if self.from_store:
+            return _state.dataset_identity(self)  # the store's checksums and labels (self._reader)
+        root = str(self.source)
+        return _state.files_identity(root, sorted(set(zip(self._files, self._labels))))
+
+    def state_dict(self) -> dict:
+        """This loader's position: resume with ``load_state_dict`` on a loader built the same way.
+
+        From a store the order is a function of (seed, epoch, position): resume is exact,
+        also under another world size (``fastload.load.state``'s elastic rule). From a
+        folder, see ``load_state_dict``. Small (no sample data), picklable, ``torch.save``-able.
+        """
+        pending = getattr(self, "_resume_plan", None)
+        if pending is not None:
+            return dict(pending)
+        pos = getattr(self, "_resume_pos", None)
+        sd = {"format": _state.DALI_STATE_FORMAT, "version": _state.STATE_VERSION,
+              "source": "store" if self.from_store else "folder", "len": self._resume_len(),
+              "identity": self._resume_identity(), "seed": self.seed, "shuffle": self.shuffle,
+              "batch_size": self.batch_size, "world": self.num_shards, "epoch": self.epoch, "batches": 0,
+              "order": None}
+        if pos is not None:
+            epoch, batches, order = pos
+            sd.update(epoch=epoch, batches=batches)
+            if order is not None:
+                done = batches - order["batches_before"]
+                sd["order"] = {"start": order["start"], "world": order["world"],
+                               "consumed": order["consumed"] + order["world"] * min(done * self.batch_size,
+                                                                                    order["rank_len"])}
+        return sd
+
+    def _resume_len(self) -> int:
+        return self._src.n if self.from_store else len(set(self._files))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Continue from ``state_dict()``'s result at the next ``iter()``.
+
+        From a store: exact (same samples in the same order; under another world size the
+        remaining samples of the epoch are split over the new ranks, each read once).
+        DALI's augmentation RNG (crop, flip) restarts from ``seed`` in the resumed pipeline:
+        the same samples, but not the same random crops as the uninterrupted run.
+        From a folder: DALI's file reader owns the order, so the position is restored by
+        reading and discarding the batches already seen: exact without shuffle and in epoch
+        0; with shuffle in a later epoch, a mid-epoch state is refused (the reader's
+        reshuffle sequence cannot be replayed), and an epoch-boundary state continues with
+        the reader's order restarted (each sample still once per epoch).
+
+        Raises:
+            ResumeStateError: corrupt, or saved for another source, store, seed, shuffle,
+                batch size, or (folder) world size; or the folder case above.
+        """
+        sd = _state.check_dali_state(state_dict, source="store" if self.from_store else "folder",
+                                     length=self._resume_len(), identity=self._resume_identity(),
+                                     seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
+                                     world=self.num_shards)
+        if not self.from_store and self.shuffle and sd["epoch"] > 0 and sd["batches"] > 0:
+            raise ResumeStateError(
+                f"{self.source}: a mid-epoch state of epoch {sd['epoch']} from a shuffled folder cannot be "
+                "resumed exactly: DALI's file reader reshuffles with its own RNG.\nHINT: pack the folder with "
+                "`fastload convert` and read the store (exact resume), or resume from an epoch boundary.")
+        self.close()
+        self.epoch = sd["epoch"]
+        self._resume_pos = None
+        self._resume_plan = sd
+
+    def _resume_iter(self):
+        plan, self._resume_plan = getattr(self, "_resume_plan", None), None
+        epoch = plan["epoch"] if plan is not None else self.epoch
+        skip, order, restore = 0, None, None
+        if plan is not None and plan["batches"] and self.from_store:
+            order = self._resume_remaining(plan)
+            restore = self.samples_per_epoch
+            self.samples_per_epoch = self._src.resume(epoch, order.pop("remaining"))
+        elif plan is not None and self.from_store:
+            self._src.epoch_offset, self._src.first = epoch, None
+        elif plan is not None:
+            skip = plan["batches"]
+        if order is None and self.from_store:
+            order = {"start": 0, "world": self.num_shards, "consumed": 0, "rank_len": self._src.per_rank}
+        batches = plan["batches"] if plan is not None else 0
+        if order is not None:
+            order["batches_before"] = batches
+        self._resume_pos = (epoch, batches, order)
+        self._resume_inner = True
+        try:
+            if self.samples_per_epoch > 0:
+                for n, batch in enumerate(self.__iter__()):
+                    if n < skip:  # a folder: read and discard what was already seen
+                        continue
+                    batches += 1
+                    self._resume_pos = (epoch, batches, order)
+                    yield batch
+            else:
+                self.epoch += 1
+            self._resume_pos = None
+        finally:
+            self._resume_inner = False
+            if restore is not None:  # the next epoch is a plain one: rebuild the pipeline for it
+                self.close()
+                self.samples_per_epoch = restore
+                self._src.first, self._src.epoch_offset = None, epoch + 1
+
+    def _resume_remaining(self, plan: dict) -> dict:
+        """This rank's indices left in the saved epoch (the elastic rule), and the new segment."""
+        saved = plan["order"]
+        perm = self._src.global_order(plan["epoch"]).tolist()
+        world = self.num_shards
+        if saved is None:
+            saved = {"start": 0, "world": world, "consumed": plan["batches"] * self.batch_size * world}
+        if world == saved["world"]:
+            start, consumed = saved["start"], saved["consumed"]
+        else:
+            start, consumed = saved["start"] + min(saved["consumed"], len(perm) - saved["start"]), 0
+        mine = _state.segment(perm, start, world, False)[consumed + self.shard_id::world]
+        return {"start": start, "world": world, "consumed": consumed, "rank_len": len(mine), "remaining": mine}

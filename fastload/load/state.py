@@ -57,9 +57,11 @@ from torch.utils.data import DistributedSampler
 from fastload.errors import ResumeStateError
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "dataset_identity", "mix_seed", "segment",
-           "global_order", "SampleIndex", "rng_snapshot", "rng_restore", "mismatch_error"]
+           "global_order", "SampleIndex", "rng_snapshot", "rng_restore", "mismatch_error", "check_dali_state",
+           "files_identity", "DALI_STATE_FORMAT"]
 
 STATE_FORMAT = "fastload.DataLoader"
+DALI_STATE_FORMAT = "fastload.DALILoader"
 STATE_VERSION = 1
 _MASK = (1 << 64) - 1
 
@@ -127,12 +129,18 @@ def dataset_identity(dataset) -> str | None:
         return "store:" + h.hexdigest()[:20]
     samples, root = getattr(dataset, "samples", None), str(getattr(dataset, "root", "") or "")
     if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
-        prefix = root.rstrip("/") + "/" if root else ""
-        for path, label in samples:
-            path = str(path)
-            h.update(f"{path[len(prefix):] if prefix and path.startswith(prefix) else path}\t{label}\n".encode())
-        return "samples:" + h.hexdigest()[:20]
+        return files_identity(root, samples)
     return None
+
+
+def files_identity(root: str, samples) -> str:
+    """Identity of ``(path, label)`` pairs, paths taken relative to ``root`` (a moved tree matches)."""
+    h = hashlib.sha1()
+    prefix = root.rstrip("/") + "/" if root else ""
+    for path, label in samples:
+        path = str(path)
+        h.update(f"{path[len(prefix):] if prefix and path.startswith(prefix) else path}\t{label}\n".encode())
+    return "samples:" + h.hexdigest()[:20]
 
 
 def rng_snapshot(generators: Mapping[str, torch.Generator]) -> dict[str, bytes]:
@@ -212,4 +220,40 @@ def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None,
     if workers is not None and workers.get("num_workers") != num_workers:
         raise mismatch_error("num_workers", workers.get("num_workers"), num_workers,
                    "an iterable dataset's state is per worker shard: resume with the same num_workers.")
+    return dict(sd)
+
+
+def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,
+                     batch_size: int, world: int) -> dict:
+    """Validate a ``DALILoader`` state (format ``fastload.DALILoader``); return it as a dict.
+
+    Raises:
+        ResumeStateError: not such a state, a newer version, corrupt, or saved for another
+            source kind, store/tree, seed, shuffle, batch size, or (folder) world size.
+    """
+    if not isinstance(sd, Mapping) or sd.get("format") != DALI_STATE_FORMAT:
+        got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
+        raise ResumeStateError(f"not a fastload.DALILoader state: got {got}.\nHINT: pass what "
+                               "DALILoader.state_dict() returned.")
+    if sd.get("version") != STATE_VERSION:
+        raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
+                               f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
+    required = ("source", "len", "identity", "seed", "shuffle", "batch_size", "epoch", "batches", "order")
+    missing = [k for k in required if k not in sd]
+    bad = [k for k in ("epoch", "batches") if k not in missing and not (isinstance(sd[k], int) and sd[k] >= 0)]
+    if missing or bad:
+        raise ResumeStateError(f"corrupt fastload.DALILoader state: missing {missing}, invalid {bad}.\n"
+                               "HINT: the checkpoint was damaged or edited; resume from an earlier one.")
+    hint = "build the DALILoader over the same source with the same settings as the run that saved it."
+    for field, current in (("source", source), ("len", length), ("identity", identity), ("seed", seed),
+                           ("shuffle", shuffle)):
+        if sd[field] != current:
+            raise mismatch_error(f"the {field}", sd[field], current, hint)
+    if sd["batches"] and sd["batch_size"] != batch_size and source == "folder":
+        raise mismatch_error("batch_size", sd["batch_size"], batch_size, "a folder epoch resumes by batch count.")
+    if sd["batches"] and sd["batch_size"] != batch_size and sd["order"] is None:
+        raise mismatch_error("batch_size", sd["batch_size"], batch_size, hint)
+    if source == "folder" and sd["batches"] and sd.get("world", world) != world:
+        raise mismatch_error("the world size", sd.get("world"), world, "DALI's file reader shards a folder "
+                             "by world size: resume a folder with the same one (a store resumes elastically).")
     return dict(sd)
