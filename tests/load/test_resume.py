@@ -317,3 +317,25 @@ def test_other_dataset_same_length_other_batch_size_other_sampler_are_refused():
     moved = Named(["a.jpg", "b.jpg", "c.jpg"])
     moved.root, moved.samples = "/elsewhere", [(p.replace("/data", "/elsewhere"), 0) for p, _ in moved.samples]
     DataLoader(moved, batch_size=1).load_state_dict(a.state_dict())  # a moved dataset is the same dataset
+
+
+class Plain(torch.utils.data.IterableDataset):
+    """An iterable dataset with no state_dict: resumed by reading its batches again."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        yield from (i for i in range(18) if i % nw == wid)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_without_state_is_fast_forwarded(workers):
+    whole = ids(DataLoader(Plain(), batch_size=4, num_workers=workers))
+    loader = DataLoader(Plain(), batch_size=4, num_workers=workers)
+    it = iter(loader)
+    head = [next(it).tolist() for _ in range(3)]
+    sd = roundtrip(loader.state_dict())
+    del it
+    fresh = DataLoader(Plain(), batch_size=4, num_workers=workers)
+    fresh.load_state_dict(sd)
+    assert head + ids(fresh) == whole
