@@ -339,3 +339,44 @@ def test_iterable_without_state_is_fast_forwarded(workers):
     fresh = DataLoader(Plain(), batch_size=4, num_workers=workers)
     fresh.load_state_dict(sd)
     assert head + ids(fresh) == whole
+
+
+class Stateful(torch.utils.data.IterableDataset):
+    """0..n-1 split over workers, with its position as its state."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n, self.pos, self.start = n, 0, 0
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        start, self.start = self.start, 0
+        for i in range(start, self.n):
+            if i % nw == wid:
+                self.pos = i + 1
+                yield torch.tensor(i)
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.start = self.pos = sd["pos"]
+
+
+@pytest.mark.gpu
+def test_pinned_batches_of_a_stateful_iterable_with_workers_resume_exactly():
+    def make():
+        return DataLoader(Stateful(), batch_size=4, num_workers=2, pin_memory=True)
+
+    whole = ids(make())
+    loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(3)]
+    assert all(b.is_pinned() for b in head)  # the per-worker state rides along without unpinning the batch
+    sd = roundtrip(loader.state_dict())
+    del it
+    fresh = make()
+    fresh.load_state_dict(sd)
+    rest = list(fresh)
+    assert all(b.is_pinned() for b in rest)
+    assert ids(head) + ids(rest) == whole
