@@ -190,7 +190,7 @@ def _find_distributed(index_sampler):
     return None, None
 
 
-def _stateful(obj) -> bool:
+def is_stateful(obj) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
@@ -221,7 +221,7 @@ class ResumableIndex:
 
     def stateful_part(self):
         for obj in (self.inner, self.sampler()):
-            if _stateful(obj):
+            if is_stateful(obj):
                 return obj
         return None
 

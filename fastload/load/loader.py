@@ -97,7 +97,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             if self.main_threads != "auto" or torch.get_num_threads() > target:
                 before = torch.get_num_threads()
                 torch.set_num_threads(target)
-        it = self._resume_iter()
+        try:
+            it = self._resume_iter()
+        except BaseException:
+            if before is not None:
+                torch.set_num_threads(before)
+            raise
         if before is not None and isinstance(it, _ri.MultiIter):  # given back when the epoch ends
             it.restore_threads_to(before)
         return it
@@ -131,7 +136,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         user_init, user_collate = self.worker_init_fn, self.collate_fn
         if states is not None or self._resume_seeding:
             self.worker_init_fn = _ri.WorkerInit(user_init, states, self._resume_seeding)
-        if self._resume_iterable and _ri._stateful(self.dataset):
+        if self._resume_iterable and _ri.is_stateful(self.dataset):
             self.collate_fn = _ri.StateCollate(user_collate)
         try:  # torch's iterator reads both when it is built; the loader keeps the user's
             return _ri.MultiIter(self)
@@ -153,7 +158,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         now = _state.rng_snapshot(gens)
         try:  # building the resumed iterator must not consume the user's random draws
             it = super().__iter__()
-            if self._resume_iterable and not _ri._stateful(self.dataset) and plan["batches"]:
+            if self._resume_iterable and not _ri.is_stateful(self.dataset) and plan["batches"]:
                 for _ in range(plan["batches"]):  # no state to load: fast-forward by reading
                     next(it)
                 self._resume_live.batches = 0
@@ -245,7 +250,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
               if isinstance(self.generator, torch.Generator) else None,
               "epoch": rec.epoch + 1 if rec is not None else self._epoch, "batches": 0, "order": None,
               "sample_seed": None, "dataset_state": None, "workers": None}
-        stateful = self._resume_iterable and _ri._stateful(self.dataset)
+        stateful = self._resume_iterable and _ri.is_stateful(self.dataset)
         if rec is not None and not rec.finished:
             done = rec.plan["batches"] if rec.plan is not None else 0
             sd.update(epoch=rec.epoch, batches=done + rec.batches, sample_seed=rec.sample_seed)

@@ -380,3 +380,22 @@ def test_pinned_batches_of_a_stateful_iterable_with_workers_resume_exactly():
     rest = list(fresh)
     assert all(b.is_pinned() for b in rest)
     assert ids(head) + ids(rest) == whole
+
+
+def test_store_identity_is_its_checksums_and_labels(tiny_store):
+    from types import SimpleNamespace
+
+    from fastload.load.state import dataset_identity
+
+    a, b = LMDBImageDataset(tiny_store), LMDBImageDataset(tiny_store)
+    assert dataset_identity(a) == dataset_identity(b) and dataset_identity(a).startswith("store:")
+    crc = a._reader.crc32.copy()
+    crc[3] ^= 1  # one sample's bytes differ
+    other = SimpleNamespace(_reader=SimpleNamespace(crc32=crc, labels=a._reader.labels))
+    assert dataset_identity(other) != dataset_identity(a)
+    loader = DataLoader(a, batch_size=4, collate_fn=list)
+    next(iter(loader))
+    sd = loader.state_dict()
+    DataLoader(b, batch_size=4).load_state_dict(sd)  # the same store, opened again: accepted
+    with pytest.raises(ResumeStateError, match="dataset identity"):
+        DataLoader(b, batch_size=4).load_state_dict({**sd, "dataset": {**sd["dataset"], "identity": "store:x"}})
