@@ -399,3 +399,21 @@ def test_store_identity_is_its_checksums_and_labels(tiny_store):
     DataLoader(b, batch_size=4).load_state_dict(sd)  # the same store, opened again: accepted
     with pytest.raises(ResumeStateError, match="dataset identity"):
         DataLoader(b, batch_size=4).load_state_dict({**sd, "dataset": {**sd["dataset"], "identity": "store:x"}})
+
+
+def test_preset_augmentation_under_distributed_sampler_is_the_same_on_any_rank_layout(tiny_store):
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(32))
+
+    def images_by_index(world: int) -> dict[int, torch.Tensor]:
+        out = {}
+        for rank in range(world):
+            sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=4)
+            order = list(sampler)
+            loader = DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=collate_uint8)
+            images = torch.cat([im for im, _ in loader])
+            out.update({i: im for i, im in zip(order, images)})
+        return out
+
+    two, one = images_by_index(2), images_by_index(1)
+    assert sorted(one) == sorted(two) == list(range(len(ds)))
+    assert all(torch.equal(one[i], two[i]) for i in one)  # sample i gets the same crop on any rank
