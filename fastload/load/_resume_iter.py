@@ -275,6 +275,11 @@ class ResumableIndex:
                 f"loader state was saved in epoch {plan['epoch']} of the DistributedSampler, but its "
                 f"set_epoch({sampler.epoch}) was called.\nHINT: call sampler.set_epoch({plan['epoch']}) before "
                 "iterating the resumed epoch (the automatic sampler does it for you).")
+        for field in ("shuffle", "drop_last"):
+            if o[field] != getattr(sampler, field):
+                raise ResumeStateError(
+                    f"loader state was saved with DistributedSampler({field}={o[field]}), this one has "
+                    f"{field}={getattr(sampler, field)}.\nHINT: resume with the same {field}.")
         world = sampler.num_replicas
         perm = global_order(len(sampler.dataset), seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle)
         if world == o["world"]:

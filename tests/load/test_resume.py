@@ -264,6 +264,12 @@ def test_resumed_distributed_epoch_checks_set_epoch():
     other.load_state_dict(loader.state_dict())
     with pytest.raises(ResumeStateError, match=r"set_epoch\(3\)"):
         next(iter(other))
+    unshuffled = DataLoader(Indexed(46), batch_size=4, sampler=DistributedSampler(
+        range(46), num_replicas=2, rank=0, shuffle=False, seed=0))
+    unshuffled.sampler.set_epoch(3)
+    unshuffled.load_state_dict(loader.state_dict())
+    with pytest.raises(ResumeStateError, match="shuffle=True"):
+        next(iter(unshuffled))
 
 
 def test_loaded_state_reads_back_unchanged_until_iteration():
