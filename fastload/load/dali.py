@@ -363,7 +363,8 @@ class DALILoader:
         reading and discarding the batches already seen: exact without shuffle and in epoch
         0; with shuffle in a later epoch, a mid-epoch state is refused (the reader's
         reshuffle sequence cannot be replayed), and an epoch-boundary state continues with
-        the reader's order restarted (each sample still once per epoch).
+        the reader's order restarted (each sample still once per epoch). During a resumed
+        epoch from a store, ``len()`` is the number of batches left in it.
 
         Raises:
             ResumeStateError: corrupt, or saved for another source, store, seed, shuffle,

@@ -107,3 +107,28 @@ def test_dali_state_from_another_seed_or_store_is_refused(tiny_store, tiny_tree)
         loader(tiny_store, shuffle=True).load_state_dict({k: v for k, v in sd.items() if k != "epoch"})
     with pytest.raises(ResumeStateError, match="the identity"):
         loader(tiny_store, shuffle=True).load_state_dict({**sd, "identity": "store:0000"})
+
+
+@pytest.mark.gpu
+@dali
+def test_store_resume_in_gpu_mode_is_exact(tiny_store):
+    from fastload.dali import DALILoader
+
+    def make():
+        return DALILoader(tiny_store, 5, device="gpu", num_threads=1, size=32, return_index=True, seed=3,
+                          shuffle=True, shard_id=0, num_shards=1)
+
+    ref = make()
+    e0 = epoch(ref)
+    ref.close()
+    ld = make()
+    it = iter(ld)
+    first = next(it)
+    assert first[0].device.type == "cuda"
+    sd = ld.state_dict()
+    del it
+    ld.close()
+    resumed = make()
+    resumed.load_state_dict(sd)
+    assert [first[2].tolist()] + epoch(resumed) == e0
+    resumed.close()
