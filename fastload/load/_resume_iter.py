@@ -209,6 +209,12 @@ class ResumableIndex:
     def __len__(self) -> int:
         return len(self.inner)
 
+    def __getattr__(self, name: str):  # code that reads it._index_sampler.batch_size etc. still works
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
     def generators(self, loader_gen) -> dict[str, torch.Generator]:
         gens = {"global": torch.default_generator}
         for name, g in (("loader", loader_gen), ("sampler", getattr(self.sampler(), "generator", None))):

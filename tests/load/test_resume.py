@@ -169,6 +169,13 @@ def test_custom_stateful_sampler_resumes_in_its_second_epoch():
     assert ids(fresh) == e2
 
 
+def test_index_sampler_still_reads_like_the_batch_sampler():
+    loader = DataLoader(Indexed(10), batch_size=3, drop_last=True)
+    it = iter(loader)
+    assert it._index_sampler.batch_size == 3 and it._index_sampler.drop_last is True
+    assert len(it._index_sampler) == len(loader) == 3
+
+
 def test_state_is_small_and_picklable_and_holds_no_samples():
     loader = DataLoader(Indexed(10_000), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
     it = iter(loader)
