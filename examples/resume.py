@@ -42,6 +42,7 @@ def main() -> None:
         loader.load_state_dict(ck["loader"])                                  # 1. resume the data
         epoch, step = ck["epoch"], ck["step"]
         print(f"resumed at epoch {epoch}, step {step}")
+    loss = None
     while epoch < a.epochs:
         # Iterate the loader itself: its state then counts exactly the batches trained on. (A
         # DevicePrefetcher on CUDA holds one batch ahead, which a state taken now would skip.)
@@ -59,7 +60,7 @@ def main() -> None:
                 torch.save(ck, a.checkpoint + ".tmp")
                 os.replace(a.checkpoint + ".tmp", a.checkpoint)               # 3. atomically
         epoch += 1
-        print(f"epoch {epoch} done at step {step}, loss {loss.item():.3f}")
+        print(f"epoch {epoch} done at step {step}" + (f", loss {loss.item():.3f}" if loss is not None else ""))
 
 
 if __name__ == "__main__":
