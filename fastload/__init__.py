@@ -31,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "MissingDependencyError": "fastload.errors",
     "WorkerStartError": "fastload.errors",
     "SharedMemoryError": "fastload.errors",
+    "ResumeStateError": "fastload.errors",
     "Overloaded": "fastload.errors",
     # pack
     "convert": "fastload.pack.convert",

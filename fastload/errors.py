@@ -18,9 +18,10 @@
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
     ├── WorkerStartError               loader worker processes could not start (e.g. no __main__ guard)
     ├── SharedMemoryError              /dev/shm is too small for the DataLoader workers' batches in flight
+    ├── ResumeStateError               a loader state cannot be loaded here (corrupt, or another dataset/seed/setup)
     └── Overloaded                     the inference batcher's queue is full; retry later
 
-Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError`` and ``SourceError``
+Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError``, ``ResumeStateError`` and ``SourceError``
 inherit from it) so code that already catches ``ValueError`` keeps working.
 """
 
@@ -43,6 +44,7 @@ __all__ = [
     "MissingDependencyError",
     "WorkerStartError",
     "SharedMemoryError",
+    "ResumeStateError",
     "Overloaded",
 ]
 
@@ -127,6 +129,13 @@ class WorkerStartError(FastloadError, RuntimeError):
 
 class SharedMemoryError(FastloadError, RuntimeError):
     """``/dev/shm`` cannot hold the batches worker processes would have in flight (a "Bus error" otherwise)."""
+
+
+class ResumeStateError(FastloadError, ValueError):
+    """A loader state (``load_state_dict``) is corrupt or was saved for another dataset, seed or setup.
+
+    The message names the field that differs, the saved and the current value.
+    """
 
 
 class Overloaded(FastloadError):

@@ -10,8 +10,10 @@ number of batches. The epoch is then padded up to a whole number of batches by r
 its first samples; the iterator trims that padding away (``last_batch_policy=PARTIAL``) or
 drops the partial batch (``drop_last``).
 
-Starting mid-epoch (``starting_at``): the pipeline's epoch 0 is epoch ``epoch_base`` from
-sample ``start`` on; its later epochs are ``epoch_base + 1, ...`` from their start.
+Resume (``DALILoader.load_state_dict``): a pipeline built to resume mid-epoch reads, in its
+first epoch, the list of global indices this rank has left (``resume``; computed by the
+loader with the elastic rule of ``fastload.load.state``), and from its second epoch on the
+plain per-epoch order of epoch ``epoch_offset + epoch_idx``.
 Skipped samples (``without``): a sample known to be bad is replaced by the next good index.
 """
 
@@ -33,21 +35,31 @@ class StoreSource:
         self.reader = reader
         self.labels = reader.labels
         self.n = len(reader)
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.rank, self.world = rank, world
         self.per_rank = math.ceil(self.n / world)
         full = self.per_rank // batch_size * batch_size
         self.epoch_samples = full if drop_last else self.per_rank  # what the user gets
         self.padded = full if drop_last else math.ceil(self.per_rank / batch_size) * batch_size
         self._order: tuple[int, np.ndarray] | None = None
-        self.epoch_base, self.start = 0, 0
+        self.epoch_offset = 0                 # the real epoch of this pipeline's epoch 0
+        self.first: np.ndarray | None = None  # a resumed epoch 0: this rank's remaining indices
+        self.first_padded = 0
         self.bad: frozenset[int] = frozenset()
 
-    def starting_at(self, epoch: int, start: int) -> StoreSource:
-        """A copy whose first pipeline epoch is ``epoch`` from sample ``start`` (of this rank's order) on."""
-        other = copy.copy(self)
-        other.epoch_base, other.start, other._order = epoch, start, None
-        return other
+    def resume(self, epoch: int, remaining) -> int:
+        """Make the pipeline's first epoch ``remaining`` (epoch ``epoch``); return its sample count."""
+        self.epoch_offset = epoch
+        self.first = np.asarray(remaining, dtype=np.int64)
+        m, b = len(self.first), self.batch_size
+        full = m // b * b
+        self.first_padded = full if self.drop_last else math.ceil(m / b) * b
+        return full if self.drop_last else m
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """All ``n`` indices of ``epoch`` in order, before the split between ranks."""
+        return (np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle
+                else np.arange(self.n))
 
     def without(self, index: int) -> StoreSource:
         """A copy that replaces sample ``index`` (and earlier bad ones) by the next good index."""
@@ -57,7 +69,8 @@ class StoreSource:
             raise ValueError("every sample of the store is bad")
         return other
 
-    def _replace(self, index: int) -> int:
+    def replace(self, index: int) -> int:
+        """``index``, or the next good index when it is known to be bad."""
         while index in self.bad:
             index = (index + 1) % self.n
         return index
@@ -65,8 +78,7 @@ class StoreSource:
     def order(self, epoch: int) -> np.ndarray:
         """This rank's global sample indices for ``epoch`` (length ``per_rank``)."""
         if self._order is None or self._order[0] != epoch:
-            perm = (np.random.default_rng([self.seed, epoch]).permutation(self.n) if self.shuffle
-                    else np.arange(self.n))
+            perm = self.global_order(epoch)
             total = self.per_rank * self.world
             if total > self.n:  # pad by wrapping so every rank gets the same count
                 perm = np.concatenate([perm, perm[: total - self.n]])
@@ -77,14 +89,18 @@ class StoreSource:
         """The global indices that make up batch ``iteration`` of ``epoch`` on this rank."""
         order = self.order(epoch)
         lo = iteration * self.batch_size
-        return [self._replace(int(order[k % self.per_rank]))
+        return [self.replace(int(order[k % self.per_rank]))
                 for k in range(lo, min(lo + self.batch_size, self.padded))]
 
     def __call__(self, sample_info):
-        e = sample_info.epoch_idx
-        k = sample_info.idx_in_epoch + (self.start if e == 0 else 0)
-        if k >= self.padded:
-            raise StopIteration
-        index = self._replace(int(self.order(self.epoch_base + e)[k % self.per_rank]))
+        k = sample_info.idx_in_epoch
+        if self.first is not None and sample_info.epoch_idx == 0:
+            if k >= self.first_padded:
+                raise StopIteration
+            index = self.replace(int(self.first[k % len(self.first)]))
+        else:
+            if k >= self.padded:
+                raise StopIteration
+            index = self.replace(int(self.order(sample_info.epoch_idx + self.epoch_offset)[k % self.per_rank]))
         data = np.frombuffer(self.reader.get(index), dtype=np.uint8)
         return data, np.array([self.labels[index]], dtype=np.int64), np.array([index], dtype=np.int64)

@@ -45,7 +45,9 @@ from pathlib import Path
 
 import torch
 
-from fastload.errors import CorruptSampleError, MissingDependencyError, TooManyCorruptSamplesError, WorkerStartError
+from fastload.errors import (CorruptSampleError, MissingDependencyError, ResumeStateError, TooManyCorruptSamplesError,
+                             WorkerStartError)
+from fastload.load import state as _state
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available
 
@@ -289,13 +291,16 @@ class DALILoader:
         return pipeline()
 
     def _make_iterator(self, epoch: int = 0, start_batch: int = 0):
-        """A pipeline whose first batch is batch ``start_batch`` of ``epoch`` (stores only: mid-epoch)."""
+        """A pipeline whose first batch is batch ``start_batch`` of ``epoch`` (stores: also mid-epoch)."""
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         size = self.samples_per_epoch
         if self.from_store:
-            self._src = self._src.starting_at(epoch, start_batch * self.batch_size)
-            size = self.samples_per_epoch - start_batch * self.batch_size
+            resumed = self._src.first is not None and self._src.epoch_offset == epoch
+            if start_batch or resumed:  # the rest of this epoch's list, from that batch on
+                size = self._src.resume(epoch, self._list[start_batch * self.batch_size:])
+            else:
+                self._src.epoch_offset, self._src.first = epoch, None
         self._pipe = self._build()
         try:
             self._pipe.build()
@@ -321,11 +326,17 @@ class DALILoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if not getattr(self, "_resume_inner", False):  # position bookkeeping and resume: _resume_iter
+            yield from self._resume_iter()
+            return
         epoch = self.epoch
         self.epoch += 1
         if self._partial:  # the last pipeline started mid-epoch: its epochs do not line up
             self.close()
             self._partial = False
+        if self.from_store:
+            resumed = self._src.first is not None and self._src.epoch_offset == epoch
+            self._list = self._src.first if resumed else self._src.order(epoch)  # batch k is _list[k*b:]
         k, failures = 0, 0
         while k < len(self):
             try:
@@ -373,9 +384,9 @@ class DALILoader:
         from fastload.image.policy import sample_error
 
         if self.from_store:
-            candidates = []
-            for it in range(iteration, iteration + self.options.prefetch_queue_depth + 2):
-                candidates += self._src.batch_indices(epoch, it)
+            b = self.batch_size
+            window = self._list[iteration * b:(iteration + self.options.prefetch_queue_depth + 2) * b]
+            candidates = [self._src.replace(int(i)) for i in window]
             for index in dict.fromkeys(candidates):
                 try:
                     decode_rgb_fast(self._reader.get(index))
@@ -398,3 +409,123 @@ class DALILoader:
         if self._pipe is not None:
             del self._pipe
             self._pipe = None
+
+    # ---- resume (state_dict / load_state_dict; the rules are fastload.load.state's) --------
+
+    def _resume_identity(self) -> str | None:
+        if self.from_store:
+            return _state.dataset_identity(self)  # the store's checksums and labels (self._reader)
+        root = str(self.source)
+        return _state.files_identity(root, sorted(set(zip(self._files, self._labels))))
+
+    def state_dict(self) -> dict:
+        """This loader's position: resume with ``load_state_dict`` on a loader built the same way.
+
+        From a store the order is a function of (seed, epoch, position): resume is exact,
+        also under another world size (``fastload.load.state``'s elastic rule). From a
+        folder, see ``load_state_dict``. Small (no sample data), picklable, ``torch.save``-able.
+        """
+        pending = getattr(self, "_resume_plan", None)
+        if pending is not None:
+            return dict(pending)
+        pos = getattr(self, "_resume_pos", None)
+        sd = {"format": _state.DALI_STATE_FORMAT, "version": _state.STATE_VERSION,
+              "source": "store" if self.from_store else "folder", "len": self._resume_len(),
+              "identity": self._resume_identity(), "seed": self.seed, "shuffle": self.shuffle,
+              "batch_size": self.batch_size, "world": self.num_shards, "epoch": self.epoch, "batches": 0,
+              "order": None}
+        if pos is not None:
+            epoch, batches, order = pos
+            sd.update(epoch=epoch, batches=batches)
+            if order is not None:
+                done = batches - order["batches_before"]
+                sd["order"] = {"start": order["start"], "world": order["world"],
+                               "consumed": order["consumed"] + order["world"] * min(done * self.batch_size,
+                                                                                    order["rank_len"])}
+        return sd
+
+    def _resume_len(self) -> int:
+        return self._src.n if self.from_store else len(set(self._files))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Continue from ``state_dict()``'s result at the next ``iter()``.
+
+        From a store: exact (same samples in the same order; under another world size the
+        remaining samples of the epoch are split over the new ranks, each read once).
+        DALI's augmentation RNG (crop, flip) restarts from ``seed`` in the resumed pipeline:
+        the same samples, but not the same random crops as the uninterrupted run.
+        From a folder: DALI's file reader owns the order, so the position is restored by
+        reading and discarding the batches already seen: exact without shuffle and in epoch
+        0; with shuffle in a later epoch, a mid-epoch state is refused (the reader's
+        reshuffle sequence cannot be replayed), and an epoch-boundary state continues with
+        the reader's order restarted (each sample still once per epoch). During a resumed
+        epoch from a store, ``len()`` is the number of batches left in it.
+
+        Raises:
+            ResumeStateError: corrupt, or saved for another source, store, seed, shuffle,
+                batch size, or (folder) world size; or the folder case above.
+        """
+        sd = _state.check_dali_state(state_dict, source="store" if self.from_store else "folder",
+                                     length=self._resume_len(), identity=self._resume_identity(),
+                                     seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
+                                     world=self.num_shards)
+        if not self.from_store and self.shuffle and sd["epoch"] > 0 and sd["batches"] > 0:
+            raise ResumeStateError(
+                f"{self.source}: a mid-epoch state of epoch {sd['epoch']} from a shuffled folder cannot be "
+                "resumed exactly: DALI's file reader reshuffles with its own RNG.\nHINT: pack the folder with "
+                "`fastload convert` and read the store (exact resume), or resume from an epoch boundary.")
+        self.close()
+        self.epoch = sd["epoch"]
+        self._resume_pos = None
+        self._resume_plan = sd
+
+    def _resume_iter(self):
+        plan, self._resume_plan = getattr(self, "_resume_plan", None), None
+        epoch = plan["epoch"] if plan is not None else self.epoch
+        skip, order, restore = 0, None, None
+        if plan is not None and plan["batches"] and self.from_store:
+            order = self._resume_remaining(plan)
+            restore = self.samples_per_epoch
+            self.samples_per_epoch = self._src.resume(epoch, order.pop("remaining"))
+        elif plan is not None and self.from_store:
+            self._src.epoch_offset, self._src.first = epoch, None
+        elif plan is not None:
+            skip = plan["batches"]
+        if order is None and self.from_store:
+            order = {"start": 0, "world": self.num_shards, "consumed": 0, "rank_len": self._src.per_rank}
+        batches = plan["batches"] if plan is not None else 0
+        if order is not None:
+            order["batches_before"] = batches
+        self._resume_pos = (epoch, batches, order)
+        self._resume_inner = True
+        try:
+            if self.samples_per_epoch > 0:
+                for n, batch in enumerate(self.__iter__()):
+                    if n < skip:  # a folder: read and discard what was already seen
+                        continue
+                    batches += 1
+                    self._resume_pos = (epoch, batches, order)
+                    yield batch
+            else:
+                self.epoch += 1
+            self._resume_pos = None
+        finally:
+            self._resume_inner = False
+            if restore is not None:  # the next epoch is a plain one: rebuild the pipeline for it
+                self.close()
+                self.samples_per_epoch = restore
+                self._src.first, self._src.epoch_offset = None, epoch + 1
+
+    def _resume_remaining(self, plan: dict) -> dict:
+        """This rank's indices left in the saved epoch (the elastic rule), and the new segment."""
+        saved = plan["order"]
+        perm = self._src.global_order(plan["epoch"]).tolist()
+        world = self.num_shards
+        if saved is None:
+            saved = {"start": 0, "world": world, "consumed": plan["batches"] * self.batch_size * world}
+        if world == saved["world"]:
+            start, consumed = saved["start"], saved["consumed"]
+        else:
+            start, consumed = saved["start"] + min(saved["consumed"], len(perm) - saved["start"]), 0
+        mine = _state.segment(perm, start, world, False)[consumed + self.shard_id::world]
+        return {"start": start, "world": world, "consumed": consumed, "rank_len": len(mine), "remaining": mine}

@@ -104,21 +104,26 @@ def test_worker_errors_surface_in_the_main_process():
         list(DataLoader(Boom(), batch_size=1, num_workers=2))
 
 
-def test_main_thread_budget_applied_when_workers_start():
+def test_main_thread_budget_applied_while_workers_run_and_restored_after():
     code = textwrap.dedent("""
         import torch
         from fastload import DataLoader
         torch.set_num_threads(8)
         import fastload.load.loader as m
         m.main_thread_budget = lambda n: 2 - n if n < 2 else 1
-        list(DataLoader(torch.arange(8), batch_size=4, num_workers=1))
-        print(torch.get_num_threads())
-        torch.set_num_threads(8)
-        list(DataLoader(torch.arange(8), batch_size=4, num_workers=1, main_threads=None))
-        print(torch.get_num_threads())
+        print([torch.get_num_threads() for _ in DataLoader(torch.arange(8), batch_size=4, num_workers=1)])
+        print(torch.get_num_threads())                       # exhausted: given back
+        it = iter(DataLoader(torch.arange(8), batch_size=4, num_workers=1, persistent_workers=True))
+        next(it)
+        print(torch.get_num_threads())                       # mid-epoch: still capped
+        it._shutdown_workers()
+        print(torch.get_num_threads())                       # shut down mid-epoch: given back
+        torch.set_num_threads(3)
+        print([torch.get_num_threads() for _ in DataLoader(torch.arange(8), batch_size=4, num_workers=1,
+                                                           main_threads=None)])
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["1", "8"]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[:5] == ["[1, 1]", "8", "1", "8", "[3, 3]"]
 
 
 def test_fast_path_batches_are_uint8_and_prefetcher_normalises(tiny_store):
