@@ -339,6 +339,7 @@ class DALILoader:
             self._list = self._src.first if resumed else self._src.order(epoch)  # batch k is _list[k*b:]
         k, failures = 0, 0
         while k < len(self):
+            found = None
             try:
                 if self._iter is None:  # DALI's iterator runs the pipeline already when it is made
                     self._partial = self._partial or k > 0
@@ -349,18 +350,23 @@ class DALILoader:
             except WorkerStartError:
                 raise
             except Exception as exc:
-                err = self._explain(exc, epoch, k)
+                found = self._explain(exc, epoch, k, every=self.on_error == "skip")
                 self.close()
-                if self.on_error != "skip" or err.index is None:
-                    raise err from exc
-                failures += 1
-                self.skipped += 1
-                log.warning("skipping %s (skipped %d so far)", err.args[0].splitlines()[0], self.skipped)
-                if failures > MAX_CONSECUTIVE_SKIPS:
-                    raise TooManyCorruptSamplesError(
-                        f"{self.source}: {failures} samples failed in a row near batch {k} of epoch {epoch}; the "
-                        f"store looks damaged.\nHINT: run `fastload verify {self.source}`.") from err
-                self._src = self._src.without(err.index)  # rebuilt at the same batch, the bad sample replaced
+                if self.on_error != "skip" or found[0].index is None:
+                    raise found[0] from exc
+            if found is not None:
+                # Outside the except block, with no link to DALI's exception: its traceback would keep
+                # the failed pipeline and its threads alive (and a later fork() could then deadlock).
+                for bad in found:  # every bad sample near the failure: one rebuild for all of them
+                    bad.__context__ = bad.__cause__ = None
+                    failures += 1
+                    self.skipped += 1
+                    log.warning("skipping %s (skipped %d so far)", bad.args[0].splitlines()[0], self.skipped)
+                    if failures > MAX_CONSECUTIVE_SKIPS:
+                        raise TooManyCorruptSamplesError(
+                            f"{self.source}: {failures} samples failed in a row near batch {k} of epoch {epoch}; "
+                            f"the store looks damaged.\nHINT: run `fastload verify {self.source}`.") from bad
+                    self._src = self._src.without(bad.index)  # rebuilt at the same batch, the sample replaced
                 continue
             failures = 0
             images, labels = out["images"], out["labels"].view(-1).to(torch.int64)
@@ -378,29 +384,34 @@ class DALILoader:
         except StopIteration:
             pass
 
-    def _explain(self, exc: BaseException, epoch: int, iteration: int) -> CorruptSampleError:
-        """Find which sample DALI failed on (it does not say): checksums, then a CPU decode of the candidates."""
+    def _explain(self, exc: BaseException, epoch: int, iteration: int, *,
+                 every: bool = False) -> list[CorruptSampleError]:
+        """Find which sample DALI failed on (it does not say): checksums, then a CPU decode of the
+        candidates (the batches DALI may have been working on). The first failing one, or with
+        ``every`` all of them; one error without an index when none fails on the CPU."""
         from fastload.image.fast import decode_rgb_fast
         from fastload.image.policy import sample_error
 
+        found: list[CorruptSampleError] = []
         if self.from_store:
             b = self.batch_size
             window = self._list[iteration * b:(iteration + self.options.prefetch_queue_depth + 2) * b]
-            candidates = [self._src.replace(int(i)) for i in window]
-            for index in dict.fromkeys(candidates):
+            for index in dict.fromkeys(self._src.replace(int(i)) for i in window):
                 try:
                     decode_rgb_fast(self._reader.get(index))
                 except Exception as bad:
-                    return sample_error(self.source, index, self._reader.paths[index], bad)
-            return CorruptSampleError(f"{self.source}: DALI failed on a batch near iteration {iteration} of epoch "
-                                      f"{epoch}, and every sample in it decodes on the CPU:\n{exc}")
+                    found.append(sample_error(self.source, index, self._reader.paths[index], bad))
+                    if not every:
+                        break
+            return found or [CorruptSampleError(f"{self.source}: DALI failed on a batch near iteration {iteration} "
+                                                f"of epoch {epoch}, and every sample in it decodes on the CPU:\n{exc}")]
         for path in self._files:  # the reader's own shuffle is not ours to replay: check the shard
             try:
                 decode_rgb_fast(Path(path).read_bytes())
             except Exception as bad:
-                return CorruptSampleError(f"{path}: failed to decode: {bad}\nHINT: pack the folder with "
-                                          "`fastload convert` first; it skips and reports bad files.")
-        return CorruptSampleError(f"{self.source}: DALI failed and no file fails to decode on the CPU:\n{exc}")
+                return [CorruptSampleError(f"{path}: failed to decode: {bad}\nHINT: pack the folder with "
+                                           "`fastload convert` first; it skips and reports bad files.")]
+        return [CorruptSampleError(f"{self.source}: DALI failed and no file fails to decode on the CPU:\n{exc}")]
 
     def close(self) -> None:
         """Stop the pipeline and its worker processes (a later ``iter()`` builds a new one)."""
