@@ -14,7 +14,10 @@
     ├── TooManyCorruptSamplesError     on_error="skip" met too many failures in a row
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
-    └── Overloaded                     the inference batcher's queue is full; retry later
+    ├── Overloaded                     the inference batcher's queue is full; retry later
+    ├── DeadlineExceeded               an inference request outlived its deadline (HTTP 504)
+    └── DeviceFailure                  the model failed on a batch (CUDA error, out of memory); the
+                                       serving replica is marked unhealthy and the batch retried once
 
 Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError`` and ``SourceError``
 inherit from it) so code that already catches ``ValueError`` keeps working.
@@ -36,6 +39,8 @@ __all__ = [
     "RecipeError",
     "MissingDependencyError",
     "Overloaded",
+    "DeadlineExceeded",
+    "DeviceFailure",
 ]
 
 
@@ -101,3 +106,11 @@ class MissingDependencyError(FastloadError, ImportError):
 
 class Overloaded(FastloadError):
     """The inference queue is full. Retry later (HTTP 503 with Retry-After)."""
+
+
+class DeadlineExceeded(FastloadError, TimeoutError):
+    """An inference request was not answered before its deadline (HTTP 504); it left the queue."""
+
+
+class DeviceFailure(FastloadError, RuntimeError):
+    """The model failed on a batch on one device (CUDA error, out of memory, a broken replica)."""
