@@ -15,6 +15,7 @@
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
     ├── Overloaded                     the inference batcher's queue is full; retry later
+    ├── ServeError                     the serving configuration is invalid (model, weights, devices)
     ├── DeadlineExceeded               an inference request outlived its deadline (HTTP 504)
     └── DeviceFailure                  the model failed on a batch (CUDA error, out of memory); the
                                        serving replica is marked unhealthy and the batch retried once
@@ -39,6 +40,7 @@ __all__ = [
     "RecipeError",
     "MissingDependencyError",
     "Overloaded",
+    "ServeError",
     "DeadlineExceeded",
     "DeviceFailure",
 ]
@@ -106,6 +108,10 @@ class MissingDependencyError(FastloadError, ImportError):
 
 class Overloaded(FastloadError):
     """The inference queue is full. Retry later (HTTP 503 with Retry-After)."""
+
+
+class ServeError(FastloadError, ValueError):
+    """``fastload serve`` cannot start as configured (unknown model, weights that do not fit, bad devices)."""
 
 
 class DeadlineExceeded(FastloadError, TimeoutError):

@@ -103,9 +103,14 @@ class _DeadlineReader(io.RawIOBase):
 
 
 class _Lingerer:
-    """One thread that finishes lingering closes: drain each socket until EOF or its deadline, then close."""
+    """One thread that finishes lingering closes: discard what each socket still receives, then close it.
 
-    def __init__(self) -> None:
+    A socket closes at EOF, after ``linger_s`` without data, or ``max_s`` after it came
+    here, whichever is first (nginx's ``lingering_timeout`` and ``lingering_time``).
+    """
+
+    def __init__(self, max_s: float = 30.0) -> None:
+        self.max_s = max_s
         self._sel = selectors.DefaultSelector()
         self._new: collections.deque[tuple[socket.socket, float]] = collections.deque()
         self._lock = threading.Lock()
@@ -120,23 +125,24 @@ class _Lingerer:
             sock.close()
             return
         with self._lock:
-            self._new.append((sock, time.monotonic() + linger_s))
+            self._new.append((sock, linger_s))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="fastload-linger", daemon=True)
                 self._thread.start()
 
     def _run(self) -> None:
-        deadlines: dict[socket.socket, float] = {}
+        socks: dict[socket.socket, list[float]] = {}  # sock -> [quiet deadline, hard deadline, linger_s]
         while True:
+            now = time.monotonic()
             with self._lock:
                 while self._new:
-                    sock, at = self._new.popleft()
-                    deadlines[sock] = at
+                    sock, linger_s = self._new.popleft()
+                    socks[sock] = [now + linger_s, now + self.max_s, linger_s]
                     self._sel.register(sock, selectors.EVENT_READ)
-                if self._stop and not deadlines:
+                if not socks:
                     self._thread = None
                     return
-            for key, _ in self._sel.select(0.05) if deadlines else []:
+            for key, _ in self._sel.select(0.05):
                 sock = key.fileobj
                 try:
                     more = sock.recv(1 << 16)
@@ -144,19 +150,17 @@ class _Lingerer:
                     continue
                 except OSError:
                     more = b""
-                if not more:
-                    deadlines[sock] = 0.0
-            if not deadlines:
-                time.sleep(0.05)
+                entry = socks[sock]
+                entry[0] = time.monotonic() + entry[2] if more else 0.0
             now = time.monotonic()
-            for sock in [s for s, at in deadlines.items() if at <= now]:
+            for sock in [s for s, (quiet, hard, _) in socks.items() if now >= min(quiet, hard)]:
                 self._sel.unregister(sock)
                 sock.close()
-                del deadlines[sock]
+                del socks[sock]
 
     def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the sockets still lingering to close."""
         with self._lock:
-            self._stop = True
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
