@@ -87,6 +87,8 @@ class Metric:
     """
 
     def __init__(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], Any]]) -> None:
+        if kind == "counter" and not name.endswith("_total"):
+            raise ValueError(f"a counter's name ends in _total (Prometheus naming), got {name!r}")
         if kind not in ("counter", "gauge", "histogram"):
             raise ValueError(f"Unknown value {kind!r} for argument kind. Valid values are counter, gauge, histogram.")
         self.name, self.kind, self.help, self.samples = name, kind, help_text, list(samples)
@@ -119,8 +121,7 @@ def render_prometheus(metrics: Iterable[Metric]) -> str:
                 lines.append(f"{m.name}_sum{_labels(labels)} {_num(total)}")
                 lines.append(f"{m.name}_count{_labels(labels)} {count}")
             else:
-                suffix = "_total" if m.kind == "counter" and not m.name.endswith("_total") else ""
-                lines.append(f"{m.name}{suffix}{_labels(labels)} {_num(value)}")
+                lines.append(f"{m.name}{_labels(labels)} {_num(value)}")
     return "\n".join(lines) + "\n"
 
 
