@@ -420,23 +420,48 @@ def recipe_compare(a: Path, b: Path) -> None:
 
 
 @bench.command("serve")
-@click.option("--model", default="mobilenet_v3_small", show_default=True, help="A torchvision model name.")
-@click.option("--wait-ms", "waits", type=float, multiple=True, help="max_wait_ms values to compare [default: 0 8 50].")
-@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--rate", default="auto", show_default=True,
-              help="Offered requests/s, or 'auto' (between one-at-a-time and batched capacity).")
-@click.option("--duration", type=click.FloatRange(min=0.5), default=10.0, show_default=True, help="Seconds per run.")
+@click.option("--model", default="simulated", show_default=True,
+              help="'simulated' (a device that sleeps --batch-ms per batch) or a torchvision model on the CPU.")
+@click.option("--batch-ms", default="4+0.25*n", show_default=True,
+              help="The simulated device's ms per batch of n, 'A+B*n'.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--loads", default="0.25,0.5,1,1.5", show_default=True,
+              help="Offered loads as fractions of the estimated capacity (past 1 is past saturation).")
+@click.option("--rates", default=None, help="Offered loads in requests/s instead, comma-separated.")
+@click.option("--configs", default=",".join(["before", "after 8ms", "after greedy"]), show_default=True,
+              help="Which configurations to run, comma-separated.")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Interleaved rounds; each point reports the median and the range.")
+@click.option("--duration", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds per point.")
 @click.option("--max-requests", type=click.IntRange(min=1), default=5000, show_default=True)
 @click.option("--image-size", type=click.IntRange(min=32), default=224, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="fastload's preprocessing threads [default: the CPUs this process may use].")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
-def bench_serve_cmd(model, waits, max_batch, rate, duration, max_requests, image_size, json_out) -> None:
-    """Open-loop Poisson load on the HTTP front over loopback, comparing max_wait_ms values in one run."""
+def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, duration, max_requests, image_size,
+                    workers, json_out) -> None:
+    """Serving before/after: the seed's (Pillow, one at a time, 50 ms wait) vs fastload's, at several loads.
+
+    Open-loop Poisson load over loopback HTTP; throughput, p50/p99, device busy fraction.
+    """
     from fastload.serve.bench import ServeBenchOptions, bench_serve, format_table, to_json
 
-    opts = ServeBenchOptions(model=model, waits_ms=tuple(waits) or (0.0, 8.0, 50.0), max_batch=max_batch,
-                             rate=rate if rate == "auto" else float(rate), duration_s=duration,
-                             max_requests=max_requests, image_size=image_size)
+    def floats(text: str, what: str) -> tuple[float, ...]:
+        try:
+            return tuple(float(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+    try:
+        opts = ServeBenchOptions(model=model, batch_ms=batch_ms, max_batch=max_batch, loads=floats(loads, "--loads"),
+                                 rates=floats(rates, "--rates") if rates else None,
+                                 configs=tuple(c.strip() for c in configs.split(",") if c.strip()), rounds=rounds,
+                                 duration_s=duration, max_requests=max_requests, image_size=image_size,
+                                 workers=workers)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
     report = bench_serve(opts)
     click.echo(format_table(report))
     if json_out:

@@ -576,6 +576,7 @@ def make_server(target, host: str = "127.0.0.1", port: int = 8000, *, k: int | N
 
 def serve_forever(server: _Server) -> threading.Thread:
     """Run ``server`` in a daemon thread; returns the thread (``server.shutdown()`` stops it)."""
-    t = threading.Thread(target=server.serve_forever, name="fastload-http", daemon=True)
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, name="fastload-http",
+                         daemon=True)
     t.start()
     return t
