@@ -438,10 +438,11 @@ def recipe_compare(a: Path, b: Path) -> None:
 @click.option("--image-size", type=click.IntRange(min=32), default=224, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="fastload's preprocessing threads [default: the CPUs this process may use].")
+@click.option("--device", default="cpu", show_default=True, help="Where the model runs: cpu, cuda, cuda:N, auto.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
 def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, duration, max_requests, image_size,
-                    workers, json_out) -> None:
+                    workers, device, json_out) -> None:
     """Serving before/after: the seed's (Pillow, one at a time, 50 ms wait) vs fastload's, at several loads.
 
     Open-loop Poisson load over loopback HTTP; throughput, p50/p99, device busy fraction.
@@ -459,7 +460,7 @@ def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, d
                                  rates=floats(rates, "--rates") if rates else None,
                                  configs=tuple(c.strip() for c in configs.split(",") if c.strip()), rounds=rounds,
                                  duration_s=duration, max_requests=max_requests, image_size=image_size,
-                                 workers=workers)
+                                 workers=workers, device=device)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     report = bench_serve(opts)

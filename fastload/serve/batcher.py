@@ -133,6 +133,10 @@ class DynamicBatcher:
         mean, std: normalisation (0..1 scale), applied on the device.
         history: how many finished requests ``stats()`` and ``trace()`` look back over.
         name: how logs and metrics name this batcher (a replica's name).
+        window_from: ``"arrival"`` (default): a request's window starts when it was
+            submitted, so ``max_wait_ms`` bounds the added latency; ``"ready"``: when its
+            preprocessing ended, as in a server that decodes in the request thread and then
+            queues for a batch (how ``bench serve`` models the seed's service).
     """
 
     def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], *,
@@ -140,7 +144,8 @@ class DynamicBatcher:
                  max_wait_ms: float = 8.0, max_queue: int = 256, device: str = "auto", workers: int = 2,
                  gpu_decode_min_batch: int | None = None, dtype: str = "fp32",
                  max_pixels: int = DEFAULT_MAX_PIXELS, mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD, history: int = 10_000, name: str | None = None) -> None:
+                 std: Sequence[float] = IMAGENET_STD, history: int = 10_000, name: str | None = None,
+                 window_from: str = "arrival") -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
@@ -157,6 +162,10 @@ class DynamicBatcher:
         self.max_queue = max_queue
         self.device = pick_device(device)
         self.name = name or str(self.device)
+        if window_from not in ("arrival", "ready"):
+            raise ValueError(f"Unknown value {window_from!r} for argument window_from. Valid values are 'arrival', "
+                             "'ready'.")
+        self._from_ready = window_from == "ready"
         self.gpu_decode_min_batch = gpu_decode_min_batch if self.device.type == "cuda" else None
         self.dtype = DTYPES[dtype]
         self.max_pixels = max_pixels
@@ -395,7 +404,8 @@ class DynamicBatcher:
                     if any(r.deadline is not None for r in self._ready):
                         for r in [r for r in self._ready if self._drop_expired(r, now)]:
                             self._ready.remove(r)
-                    n, wait = self.policy.decide(now, [r.timing.queued for r in self._ready])
+                    n, wait = self.policy.decide(now, [(r.timing.preprocess_end or r.timing.queued)
+                                                       if self._from_ready else r.timing.queued for r in self._ready])
                     if n:
                         batch = [self._ready.popleft() for _ in range(n)]
                         for r in batch:

@@ -6,7 +6,8 @@ HTTP on 127.0.0.1, interleaved rounds, and the table.
 
 - ``before``: the seed's service. One request at a time is decoded with Pillow (full
   decode, torchvision resize and center crop: one preprocessing thread, as when the
-  request thread decodes), and a batch waits up to 50 ms to fill.
+  request thread decodes), and then waits up to 50 ms for a full batch (the window starts
+  when its decode ends: ``window_from="ready"``).
 - ``after 8ms``: fastload's preprocessing (libjpeg-turbo with DCT-domain scaling, the
   eval preset) on every CPU this process may use, a window of 8 ms with a cap of
   ``max_batch``.
@@ -18,7 +19,8 @@ image (same geometry; the pixels differ only by decoder rounding and DCT scaling
 the same model, answered as top-5 JSON over the same HTTP front. The model is a
 torchvision model on the CPU, or ``simulated``: a device that sleeps ``A + B*n`` ms per
 batch of ``n`` (freeing the CPU as a GPU does), so a CPU machine shows what batching is
-worth to a GPU. Device busy fraction = model time / wall time of the run.
+worth to a GPU. Device busy fraction = time in the model call (with the normalisation
+on the device) / wall time of the run.
 
 Rounds interleave: round 1 runs every (load, configuration) point once, then round 2, so
 drift on the machine reaches every configuration alike; each point reports the median
@@ -65,9 +67,12 @@ class ServeBenchOptions:
     image_size: int = 224
     workers: int | None = None
     max_queue: int = 256
+    device: str = "cpu"
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not (self.device in ("auto", "cpu") or self.device.startswith("cuda")):
+            raise ValueError(f"Unknown value {self.device!r} for device. Valid values are 'cpu', 'auto', 'cuda[:N]'.")
         unknown = [c for c in self.configs if c not in CONFIGS]
         if unknown or not self.configs:
             raise ValueError(f"Unknown configs {unknown}. Valid values are {', '.join(CONFIGS)}.")
@@ -176,20 +181,24 @@ def _bodies(n: int, size: int, seed: int) -> list[bytes]:
     return [encode_image(spec, 0, i) for i in range(n)]
 
 
-def _compute_ms(model: torch.nn.Module, batch: int, size: int, repeat: int = 5) -> float:
+def _compute_ms(model: torch.nn.Module, batch: int, size: int, device: torch.device, repeat: int = 5) -> float:
     """Median model time for one batch (the median: timings on a shared machine are noisy)."""
-    x = torch.randn(batch, 3, size, size)
+    model = model.to(device)
+    x = torch.randn(batch, 3, size, size, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times = []
     with torch.inference_mode():
         model(x)
+        sync()
         for _ in range(repeat):
             t0 = time.perf_counter()
             model(x)
+            sync()
             times.append(time.perf_counter() - t0)
     return float(np.median(times)) * 1e3
 
 
-def _capacity(options: ServeBenchOptions, model, bodies: list[bytes], workers: int) -> dict:
+def _capacity(options: ServeBenchOptions, model, bodies: list[bytes], workers: int, device: torch.device) -> dict:
     """Requests/s the device sustains with full batches, and what fastload's preprocessing sustains."""
     from fastload.load.transforms import EvalTransform
     from fastload.serve.models import SimulatedDevice
@@ -198,7 +207,7 @@ def _capacity(options: ServeBenchOptions, model, bodies: list[bytes], workers: i
     if isinstance(model, SimulatedDevice):
         full_ms = model.batch_ms(options.max_batch)
     else:
-        full_ms = _compute_ms(model, options.max_batch, size)
+        full_ms = _compute_ms(model, options.max_batch, size, device)
     pre = EvalTransform(size, size + 32)
     t0 = time.perf_counter()
     for b in bodies:
@@ -211,7 +220,7 @@ def _capacity(options: ServeBenchOptions, model, bodies: list[bytes], workers: i
 
 
 def _serve_once(options: ServeBenchOptions, model, name: str, rate: float, bodies: list[bytes], workers: int,
-                seed: int) -> LoadResult:
+                seed: int, device: torch.device) -> LoadResult:
     from fastload.load.transforms import EvalTransform
     from fastload.serve.batcher import DynamicBatcher
     from fastload.serve.http import FrontOptions, make_server, serve_forever
@@ -221,8 +230,9 @@ def _serve_once(options: ServeBenchOptions, model, name: str, rate: float, bodie
     pre = PillowEval(size, size + 32) if kind == "pillow" else EvalTransform(size, size + 32)
     pre(bodies[0]) if kind == "pillow" else pre.from_bytes(bodies[0])  # imports and first-call costs: untimed
     batcher = DynamicBatcher(model, preprocess=pre, max_batch=options.max_batch, max_wait_ms=wait,
-                             max_queue=options.max_queue, device="cpu",
-                             workers=workers if threads == "all" else threads, name=name).start()
+                             max_queue=options.max_queue, device=str(device),
+                             workers=workers if threads == "all" else threads, name=name,
+                             window_from="ready" if kind == "pillow" else "arrival").start()
     server = make_server(batcher, port=0, options=FrontOptions(request_timeout_s=60.0, max_connections=1024))
     thread = serve_forever(server)
     try:
@@ -255,13 +265,14 @@ def _median_point(runs: list[dict]) -> dict:
 def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: bool = True) -> dict:
     """Run every (round, load, configuration) point against a fresh server; return every figure."""
     from fastload.serve.models import build_model
-    from fastload.system import available_cpus
+    from fastload.system import available_cpus, resolve_device
 
     torch.manual_seed(options.seed)
     model = build_model(options.model, batch_ms=options.batch_ms if options.model == "simulated" else None)
     workers = options.workers or available_cpus()
+    device = resolve_device(options.device, what="--device")
     bodies = _bodies(32, options.image_size + 32, options.seed)
-    capacity = _capacity(options, model, bodies, workers)
+    capacity = _capacity(options, model, bodies, workers, device)
     rates = list(options.rates) if options.rates else [f * capacity["estimate_per_s"] for f in options.loads]
     raw: dict[tuple[str, float], list[dict]] = {}
     for rnd in range(options.rounds):
@@ -270,10 +281,11 @@ def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: b
                 if progress:
                     print(f"round {rnd + 1}/{options.rounds}: {name:<12} at {rate:7.1f} requests/s for "
                           f"{options.duration_s:g}s ...", flush=True)
-                res = _serve_once(options, model, name, rate, bodies, workers, options.seed + rnd)
+                res = _serve_once(options, model, name, rate, bodies, workers, options.seed + rnd, device)
                 raw.setdefault((name, rate), []).append(res.summary())
     points = [_median_point(raw[(name, rate)]) for rate in rates for name in options.configs]
-    return {"options": asdict(options), "workers": workers, "capacity": capacity, "rates": rates,
+    return {"options": asdict(options), "device": str(device), "workers": workers, "capacity": capacity,
+            "rates": rates,
             "points": points, "runs": [r for runs in raw.values() for r in runs]}
 
 
@@ -285,7 +297,7 @@ def _rng(point: dict, key: str, fmt: str) -> str:
 def format_table(report: dict) -> str:
     o, cap = report["options"], report["capacity"]
     model = f"simulated device ({o['batch_ms']} ms per batch of n)" if o["model"] == "simulated" else o["model"]
-    lines = [f"{model} on the CPU, max_batch {o['max_batch']}, {o['rounds']} interleaved round(s) x "
+    lines = [f"{model} on {report['device']}, max_batch {o['max_batch']}, {o['rounds']} interleaved round(s) x "
              f"{o['duration_s']:g}s per point, Poisson arrivals over loopback HTTP",
              f"capacity estimate: device {cap['device_per_s']:.0f}/s with full batches, fastload preprocessing "
              f"{cap['preprocess_per_s']:.0f}/s on {report['workers']} thread(s)",
