@@ -38,7 +38,6 @@ import io
 import json
 import logging
 import re
-import selectors
 import socket
 import threading
 import time
@@ -51,7 +50,8 @@ from typing import Any
 import torch
 
 from fastload.errors import CorruptSampleError, DeadlineExceeded, DeviceFailure, Overloaded
-from fastload.serve.metrics import Metric, render_prometheus
+from fastload.serve._conn import DeadlineReader, Lingerer, raw_response
+from fastload.serve.metrics import Metric, render_prometheus, serving_metrics
 
 __all__ = ["FrontOptions", "make_server", "serve_forever", "MAX_BODY_BYTES"]
 
@@ -84,95 +84,6 @@ class FrontOptions:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-class _DeadlineReader(io.RawIOBase):
-    """A socket reader whose every ``recv`` waits only until one overall deadline."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.deadline = time.monotonic() + 60.0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buf) -> int:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("read deadline passed")
-        self.sock.settimeout(remaining)
-        return self.sock.recv_into(buf)
-
-
-class _Lingerer:
-    """One thread that finishes lingering closes: discard what each socket still receives, then close it.
-
-    A socket closes at EOF, after ``linger_s`` without data, or ``max_s`` after it came
-    here, whichever is first (nginx's ``lingering_timeout`` and ``lingering_time``).
-    """
-
-    def __init__(self, max_s: float = 30.0) -> None:
-        self.max_s = max_s
-        self._sel = selectors.DefaultSelector()
-        self._new: collections.deque[tuple[socket.socket, float]] = collections.deque()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = False
-
-    def add(self, sock: socket.socket, linger_s: float) -> None:
-        try:
-            sock.shutdown(socket.SHUT_WR)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            return
-        with self._lock:
-            self._new.append((sock, linger_s))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="fastload-linger", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        socks: dict[socket.socket, list[float]] = {}  # sock -> [quiet deadline, hard deadline, linger_s]
-        while True:
-            now = time.monotonic()
-            with self._lock:
-                while self._new:
-                    sock, linger_s = self._new.popleft()
-                    socks[sock] = [now + linger_s, now + self.max_s, linger_s]
-                    self._sel.register(sock, selectors.EVENT_READ)
-                if not socks:
-                    self._thread = None
-                    return
-            for key, _ in self._sel.select(0.05):
-                sock = key.fileobj
-                try:
-                    more = sock.recv(1 << 16)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    more = b""
-                entry = socks[sock]
-                entry[0] = time.monotonic() + entry[2] if more else 0.0
-            now = time.monotonic()
-            for sock in [s for s, (quiet, hard, _) in socks.items() if now >= min(quiet, hard)]:
-                self._sel.unregister(sock)
-                sock.close()
-                del socks[sock]
-
-    def close(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for the sockets still lingering to close."""
-        with self._lock:
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-
-
-def _raw_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> bytes:
-    data = json.dumps(body).encode()
-    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Content-Type: application/json",
-            f"Content-Length: {len(data)}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + data
-
-
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -185,7 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.rfile.close()  # replaced by a deadline-bound reader (the socket stays open)
-        self.reader = _DeadlineReader(self.connection)
+        self.reader = DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self.reader, 1 << 16)
         self.linger = False
         self.busy = False
@@ -384,7 +295,7 @@ class _Server(ThreadingMixIn, HTTPServer):
     def __init__(self, address, target, options: FrontOptions, classes: list[str] | None = None) -> None:
         super().__init__(address, _Handler)
         self.target, self.options, self.classes = target, options, classes
-        self.lingerer = _Lingerer()
+        self.lingerer = Lingerer()
         self.draining = False
         self._lock = threading.Condition()
         self._open = 0
@@ -420,7 +331,7 @@ class _Server(ThreadingMixIn, HTTPServer):
                else f"{self.options.max_connections} connections are open (max_connections)")
         try:
             sock.settimeout(0.5)
-            sock.sendall(_raw_response(503, {"error": f"{why}; retry later"}, {"Retry-After": "1"}))
+            sock.sendall(raw_response(503, {"error": f"{why}; retry later"}, {"Retry-After": "1"}))
         except OSError:
             sock.close()
             return
@@ -517,42 +428,7 @@ class _Server(ThreadingMixIn, HTTPServer):
                     "responses": {str(k): v for k, v in sorted(self._status.items())}, "draining": self.draining}
 
     def metrics(self) -> list[Metric]:
-        batchers = self.target.batchers() if hasattr(self.target, "batchers") else [self.target]
-        st = [(b, b.stats()) for b in batchers]
-        unhealthy = set(self.target.stats().get("unhealthy", [])) if hasattr(self.target, "batchers") else set()
-        http = self.http_stats()
-        lab = [({"replica": b.name}, s) for b, s in st]
-        return [
-            Metric("fastload_http_responses_total", "counter", "HTTP responses sent, by status code.",
-                   [({"status": k}, v) for k, v in http["responses"].items()]),
-            Metric("fastload_http_connections", "gauge", "Open HTTP connections.", [({}, http["connections"])]),
-            Metric("fastload_http_refused_connections_total", "counter",
-                   "Connections answered 503 by the accept loop.",
-                   [({}, http["refused_connections"])]),
-            Metric("fastload_queue_depth", "gauge", "Requests accepted and not yet sent to the model.",
-                   [(lb, s["waiting"]) for lb, s in lab]),
-            Metric("fastload_in_flight", "gauge", "Requests accepted and not yet answered.",
-                   [(lb, s["in_flight"]) for lb, s in lab]),
-            Metric("fastload_requests_rejected_total", "counter", "Requests refused because the queue was full.",
-                   [(lb, s["rejected"]) for lb, s in lab]),
-            Metric("fastload_requests_expired_total", "counter",
-                   "Requests dropped from the queue past their deadline.",
-                   [(lb, s["expired"]) for lb, s in lab]),
-            Metric("fastload_batch_size", "histogram", "Requests per model batch.",
-                   [({"replica": b.name}, b.histograms.batch_size) for b, _ in st]),
-            Metric("fastload_stage_seconds", "histogram",
-                   "Per-request time in each stage: queued, preprocess, batch_assembly, compute, total.",
-                   [({"replica": b.name, "stage": name}, h) for b, _ in st for name, h in b.histograms.stages.items()]),
-            Metric("fastload_device_busy_fraction", "gauge", "Model compute time / time since warm-up.",
-                   [(lb, s["device_busy_fraction"]) for lb, s in lab]),
-            Metric("fastload_decodes_total", "counter",
-                   "Images decoded, by where (gpu: nvJPEG batches, cpu: the pool).",
-                   [({**lb, "where": w}, s[f"{w}_decoded"]) for lb, s in lab for w in ("gpu", "cpu")]),
-            Metric("fastload_gpu_decode_fallbacks_total", "counter", "GPU-decode batches that fell back to the CPU.",
-                   [(lb, s["gpu_decode_fallbacks"]) for lb, s in lab]),
-            Metric("fastload_replica_ready", "gauge", "1 while the replica is warmed up and healthy.",
-                   [(lb, int(s["ready"] and b.name not in unhealthy)) for (b, s), (lb, _) in zip(st, lab)]),
-        ]
+        return serving_metrics(self.target, self.http_stats())
 
     def top_k(self, logits: torch.Tensor) -> list[dict[str, Any]]:
         probs = torch.softmax(logits.float().flatten(), 0)

@@ -23,8 +23,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Histogram", "StageHistograms", "Metric", "render_prometheus", "trace_events", "LATENCY_BUCKETS_S",
-           "STAGES"]
+__all__ = ["Histogram", "StageHistograms", "Metric", "render_prometheus", "serving_metrics", "trace_events",
+           "LATENCY_BUCKETS_S", "STAGES"]
 
 # seconds; from well under a millisecond (a tiny model on a GPU) to past typical deadlines
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -147,3 +147,42 @@ def trace_events(done: Sequence[Any], process_name: str = "fastload DynamicBatch
             events.append({"name": f"batch of {t.batch_size}", "ph": "X", "pid": 1, "tid": 1,
                            "ts": (t.compute_start - origin) * 1e6, "dur": (t.compute_end - t.compute_start) * 1e6})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def serving_metrics(target: Any, http: dict[str, Any]) -> list[Metric]:
+    """The ``/metrics`` families for ``target`` (a ``DynamicBatcher`` or a ``Router``) and the front's counters."""
+    batchers = target.batchers() if hasattr(target, "batchers") else [target]
+    st = [(b, b.stats()) for b in batchers]
+    unhealthy = set(target.stats().get("unhealthy", [])) if hasattr(target, "batchers") else set()
+    lab = [({"replica": b.name}, s) for b, s in st]
+    return [
+        Metric("fastload_http_responses_total", "counter", "HTTP responses sent, by status code.",
+               [({"status": k}, v) for k, v in http["responses"].items()]),
+        Metric("fastload_http_connections", "gauge", "Open HTTP connections.", [({}, http["connections"])]),
+        Metric("fastload_http_refused_connections_total", "counter",
+               "Connections answered 503 by the accept loop.",
+               [({}, http["refused_connections"])]),
+        Metric("fastload_queue_depth", "gauge", "Requests accepted and not yet sent to the model.",
+               [(lb, s["waiting"]) for lb, s in lab]),
+        Metric("fastload_in_flight", "gauge", "Requests accepted and not yet answered.",
+               [(lb, s["in_flight"]) for lb, s in lab]),
+        Metric("fastload_requests_rejected_total", "counter", "Requests refused because the queue was full.",
+               [(lb, s["rejected"]) for lb, s in lab]),
+        Metric("fastload_requests_expired_total", "counter",
+               "Requests dropped from the queue past their deadline.",
+               [(lb, s["expired"]) for lb, s in lab]),
+        Metric("fastload_batch_size", "histogram", "Requests per model batch.",
+               [({"replica": b.name}, b.histograms.batch_size) for b, _ in st]),
+        Metric("fastload_stage_seconds", "histogram",
+               "Per-request time in each stage: queued, preprocess, batch_assembly, compute, total.",
+               [({"replica": b.name, "stage": name}, h) for b, _ in st for name, h in b.histograms.stages.items()]),
+        Metric("fastload_device_busy_fraction", "gauge", "Model compute time / time since warm-up.",
+               [(lb, s["device_busy_fraction"]) for lb, s in lab]),
+        Metric("fastload_decodes_total", "counter",
+               "Images decoded, by where (gpu: nvJPEG batches, cpu: the pool).",
+               [({**lb, "where": w}, s[f"{w}_decoded"]) for lb, s in lab for w in ("gpu", "cpu")]),
+        Metric("fastload_gpu_decode_fallbacks_total", "counter", "GPU-decode batches that fell back to the CPU.",
+               [(lb, s["gpu_decode_fallbacks"]) for lb, s in lab]),
+        Metric("fastload_replica_ready", "gauge", "1 while the replica is warmed up and healthy.",
+               [(lb, int(s["ready"] and b.name not in unhealthy)) for (b, s), (lb, _) in zip(st, lab)]),
+    ]

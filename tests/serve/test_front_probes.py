@@ -58,7 +58,8 @@ def _settle(front: Front, open_allowed: int = 1, timeout: float = 5.0) -> None:
     """Wait until the front holds no connection from an earlier probe (only the one asking)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if call(front.port, "GET", "/stats")[1]["http"]["connections"] <= open_allowed:
+        status, stats, _ = call(front.port, "GET", "/stats")
+        if status == 200 and stats["http"]["connections"] <= open_allowed:
             return
         time.sleep(0.1)
 
@@ -138,8 +139,8 @@ def test_connections_over_the_cap_get_503_with_retry_after(front):
     finally:
         for s in held:
             s.close()
-    assert status_of(answer) == 503
-    assert b"Retry-After: 1" in answer and b"max_connections" in answer
+    assert status_of(answer) == 503, answer
+    assert b"Retry-After: 1" in answer and b"max_connections" in answer, answer
 
 
 @pytest.mark.parametrize("value", ["-1", "abc", "1e3", "0x10", "+5", "5, 6"])
@@ -215,3 +216,32 @@ def test_request_over_the_in_flight_cap_gets_503(tmp_path):
         srv.close_all(2)
         router.stop(drain=False)
     assert 503 in codes and 200 in codes
+
+
+def _threads(front: Front) -> int:
+    if front.pid:
+        import psutil
+
+        return psutil.Process(front.pid).num_threads()
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_many_idle_keep_alive_connections_hold_at_most_max_connections_threads(front):
+    _settle(front)
+    before = _threads(front)
+    socks, codes = [], []
+    try:
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", front.port), timeout=5)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: the connection stays open
+            socks.append(s)
+        for s in socks:
+            codes.append(status_of(s.recv(65536)))
+        during = _threads(front)
+    finally:
+        for s in socks:
+            s.close()
+    assert codes.count(200) <= 8 and codes.count(503) >= 32 and set(codes) <= {200, 503}
+    # one thread per admitted connection, never one per connection (a process also starts the lingering-close
+    # thread and may start a warm-up/probe helper: 2 more at most)
+    assert during - before <= 8 + (2 if front.pid else 0), (before, during)
