@@ -36,6 +36,7 @@ import torch
 from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
 from fastload.serve.metrics import StageHistograms, trace_events
+from fastload.serve.policy import BatchPolicy, RequestTiming
 from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES, check_pixels, decode_request, pick_device
 from fastload.stats import percentiles
 
@@ -43,44 +44,6 @@ __all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_
 
 log = logging.getLogger("fastload.serve")
 
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """When does a batch leave? Pure, so it can be tested with a fake clock.
-
-    ``decide(now, arrivals)`` with the arrival times of the ready requests (oldest first)
-    returns ``(n, 0)`` to send the first ``n`` now, or ``(0, seconds)`` to wait that long.
-    """
-
-    max_batch: int
-    max_wait_s: float
-
-    def decide(self, now: float, arrivals: Sequence[float]) -> tuple[int, float]:
-        if not arrivals:
-            return 0, float("inf")
-        if len(arrivals) >= self.max_batch:
-            return self.max_batch, 0.0
-        due = arrivals[0] + self.max_wait_s
-        if now >= due:
-            return len(arrivals), 0.0
-        return 0, due - now
-
-
-@dataclass
-class RequestTiming:
-    """When each stage of one request happened (``time.perf_counter`` seconds)."""
-
-    id: int
-    queued: float
-    preprocess_start: float = 0.0
-    preprocess_end: float = 0.0
-    batched: float = 0.0
-    compute_start: float = 0.0
-    compute_end: float = 0.0
-    returned: float = 0.0
-    batch_size: int = 0
-    ok: bool = True
 
 
 @dataclass
