@@ -34,11 +34,13 @@ Must not: do its own preprocessing or batching.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -430,6 +432,13 @@ class _Server(ThreadingMixIn, HTTPServer):
     def metrics(self) -> list[Metric]:
         return serving_metrics(self.target, self.http_stats())
 
+    def handle_error(self, request, client_address) -> None:
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # the client went away mid-response: nothing to answer, nothing to fix
+            log.debug("connection from %s ended: %s", client_address, exc)
+            return
+        log.exception("unexpected error while handling a request from %s", client_address)
+
     def top_k(self, logits: torch.Tensor) -> list[dict[str, Any]]:
         probs = torch.softmax(logits.float().flatten(), 0)
         k = min(self.options.k, probs.numel())
@@ -446,7 +455,7 @@ def make_server(target, host: str = "127.0.0.1", port: int = 8000, *, k: int | N
     """
     options = options or FrontOptions()
     if k is not None:
-        options = FrontOptions(**{**options.__dict__, "k": k})
+        options = dataclasses.replace(options, k=k)
     return _Server((host, port), target, options, classes)
 
 

@@ -7,7 +7,9 @@ raised (CUDA error, out of memory) comes back as ``DeviceFailure``; each of its 
 retried once, on the least-loaded other healthy replica or else on the CPU ``fallback``
 replica, or fails with ``DeviceFailure`` (HTTP 503) when there is none. The failing
 replica is marked unhealthy, takes no traffic, and is re-probed with a warm-up batch every
-``probe_interval_s`` until the probe passes.
+``probe_interval_s`` until the probe passes. While no device replica is healthy, new
+requests go to the fallback (``/healthz`` still says not ready, so a load balancer can
+prefer healthier instances).
 
 Same interface as ``DynamicBatcher`` for the front (``submit``, ``ready``, ``stats``,
 ``trace``, ``stop``), so ``http.py`` serves either.
@@ -149,6 +151,8 @@ class Router:
             DeviceFailure: no replica is healthy.
         """
         candidates = self._pick()
+        if not candidates and self.fallback is not None and self.fallback.ready.is_set():
+            candidates = [self.fallback]  # every device is down: the CPU fallback serves (slower) meanwhile
         if not candidates:
             raise DeviceFailure("no healthy replica: every device failed or is still warming up; retry later")
         outer: concurrent.futures.Future = concurrent.futures.Future()

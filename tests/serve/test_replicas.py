@@ -82,15 +82,16 @@ def test_failing_replica_is_retried_elsewhere_marked_unhealthy_and_reprobed():
         router.stop()
 
 
-def test_cpu_fallback_takes_the_retry_and_without_any_the_request_fails_503_style():
+def test_cpu_fallback_takes_the_retry_and_new_work_and_without_one_requests_fail_with_device_failure():
     a, fb = Flaky(), Flaky()
     router = Router([replica(a, "cuda-like")], fallback=replica(fb, "cpu-fallback"), probe_interval_s=10).start()
     try:
         a.broken = True
+        fb.batches = 0
         out = router.submit(images(1)[0]).result(10)
-        assert out.shape == (4,) and fb.batches >= 2  # warm-up + the retried batch ran on the fallback
-        with pytest.raises(DeviceFailure, match="no healthy replica"):
-            router.submit(images(1)[0])
+        assert out.shape == (4,) and fb.batches == 1  # the retried batch ran on the fallback
+        assert router.healthy() == [] and not router.ready.is_set()
+        assert router.submit(images(1)[0]).result(10).shape == (4,) and fb.batches == 2  # new work goes there too
     finally:
         router.stop()
     lone = Router([replica(Flaky(), "only")], probe_interval_s=10).start()
@@ -98,6 +99,8 @@ def test_cpu_fallback_takes_the_retry_and_without_any_the_request_fails_503_styl
         lone.replicas[0].model.broken = True
         with pytest.raises(DeviceFailure, match="no other healthy replica"):
             lone.submit(images(1)[0]).result(10)
+        with pytest.raises(DeviceFailure, match="no healthy replica"):
+            lone.submit(images(1)[0])
     finally:
         lone.stop()
 
