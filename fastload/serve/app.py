@@ -118,11 +118,14 @@ def build_router(options: ServeOptions):
                               gpu_decode_min_batch=options.gpu_decode_min_batch, dtype=dtype,
                               max_pixels=options.max_pixels, name=name)
 
-    replicas = [batcher(n, model if i == 0 else copy.deepcopy(model), n.split(":")[0] if n.startswith("cpu") else n,
-                        options.dtype) for i, n in enumerate(names)]
-    fallback = None
-    if options.cpu_fallback and any(n.startswith("cuda") for n in names):
-        fallback = batcher("cpu-fallback", copy.deepcopy(model).cpu(), "cpu", "fp32")
+    try:
+        replicas = [batcher(n, model if i == 0 else copy.deepcopy(model),
+                            "cpu" if n.startswith("cpu") else n, options.dtype) for i, n in enumerate(names)]
+        fallback = None
+        if options.cpu_fallback and any(n.startswith("cuda") for n in names):
+            fallback = batcher("cpu-fallback", copy.deepcopy(model).cpu(), "cpu", "fp32")
+    except (ValueError, RuntimeError) as exc:  # an unusable device, a bad option
+        raise ServeError(f"cannot serve on {', '.join(names)}: {exc}") from exc
     return Router(replicas, fallback=fallback, probe_interval_s=options.probe_interval_s)
 
 

@@ -393,6 +393,8 @@ class DynamicBatcher:
         try:
             out = self._run_model(torch.stack([r.image for r in batch]))
         except Exception as exc:  # the device failed: fail this batch (a router retries it), keep serving
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()  # give the failed batch's memory back before the next one
             log.error("%s: the model failed on a batch of %d: %s: %s", self.name, len(batch), type(exc).__name__,
                       exc)
             failure = DeviceFailure(f"{self.name}: the model failed on a batch of {len(batch)}: "
@@ -455,6 +457,8 @@ class DynamicBatcher:
         if self.device.type == "cuda":
             if images.device.type == "cpu":
                 images = images.pin_memory()
+            # GPU-decoded images were written on the current stream: the side stream must wait for them
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
                 x = normalize(images.to(self.device, non_blocking=True), self.mean, self.std).to(self.dtype)
             torch.cuda.current_stream(self.device).wait_stream(self._stream)

@@ -216,3 +216,48 @@ def test_simulated_device_sleeps_fixed_plus_per_item():
     took = (time.perf_counter() - t0) * 1e3
     assert out.shape == (4, 3) and torch.equal(out[0], torch.tensor([0.0, 1.0, 2.0]))
     assert 40.0 <= took < 400.0  # 20 + 5 * 4 ms, and it is sleep (bounded above loosely on a busy machine)
+
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+def test_cuda_replica_in_bf16_matches_cpu_fp32_on_a_fixed_input():
+    data = images(4)
+    outs = {}
+    for device, dtype in (("cpu", "fp32"), ("cuda", "bf16")):
+        b = DynamicBatcher(Tiny(), preprocess=EvalTransform(32, 40), device=device, dtype=dtype, max_batch=4,
+                           max_wait_ms=50)
+        with b:
+            outs[device] = torch.stack([f.result(30) for f in [b.submit(d) for d in data]])
+    assert outs["cuda"].device.type == "cpu" and outs["cuda"].dtype == torch.float32
+    assert (outs["cuda"] - outs["cpu"]).abs().max() <= 0.05 * outs["cpu"].abs().max() + 1e-3
+
+
+@gpu
+def test_cuda_out_of_memory_on_a_batch_is_retried_on_the_cpu_fallback():
+    class OomOnCuda(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fail = False
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x):
+            if self.fail and x.is_cuda:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (injected)")
+            return x.float().mean(dim=(1, 2, 3)).unsqueeze(1) * self.w
+
+    model = OomOnCuda()
+    gpu_replica = DynamicBatcher(model, preprocess=EvalTransform(32, 40), device="cuda", name="cuda:0",
+                                 max_batch=2, max_wait_ms=1)
+    fallback = DynamicBatcher(OomOnCuda(), preprocess=EvalTransform(32, 40), device="cpu", name="cpu-fallback",
+                              max_batch=2, max_wait_ms=1)
+    router = Router([gpu_replica], fallback=fallback, probe_interval_s=30).start()
+    try:
+        model.fail = True
+        outs = [f.result(30) for f in [router.submit(d) for d in images(3)]]
+        s = router.stats()
+    finally:
+        router.stop()
+    assert len(outs) == 3 and s["unhealthy"] == ["cuda:0"] and s["retried"] >= 1
+    assert s["fallback"]["completed"] == 3

@@ -110,3 +110,19 @@ def test_memory_is_returned_after_big_requests():
         proc.kill()
     assert codes == [200] * 4
     assert after - baseline < 120 << 20, (baseline >> 20, after >> 20)
+
+
+@pytest.mark.gpu
+def test_fastload_serve_on_cuda_decodes_big_batches_on_the_gpu():
+    proc = ServeProcess("--model", "simulated", "--batch-ms", "20", "--devices", "cuda", "--max-batch", "8",
+                        "--max-wait-ms", "50", "--gpu-decode-min-batch", "2", "--size", "64", "--resize", "72")
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda _: _post(proc.port), range(16)))
+        stats = call(proc.port, "GET", "/stats")[1]
+    finally:
+        assert proc.terminate() == 0
+        proc.kill()
+    assert codes == [200] * 16
+    assert stats["gpu_decoded"] >= 2 and stats["gpu_decode_fallbacks"] == 0, stats
+    assert stats["replicas"][0]["device"].startswith("cuda") and stats["fallback"]["device"] == "cpu"
