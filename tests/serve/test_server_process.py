@@ -46,8 +46,8 @@ def test_sigterm_drains_accepted_requests_and_new_ones_get_503_not_resets(trial)
     finally:
         proc.kill()
     assert codes == [200] * 6, proc.output()
-    assert set(late_codes) <= {503, -1} and 503 in late_codes + [503], late_codes  # answered 503 or refused
-    assert -2 not in late_codes
+    # sent while accepted requests drain: the accept loop still runs and answers each 503 (never a reset)
+    assert late_codes == [503] * 6, late_codes
     assert rc == 0 and took < 20, (rc, took, proc.output())
     out = proc.output()
     assert "stopping: finishing accepted requests" in out and "Traceback" not in out
