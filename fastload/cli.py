@@ -421,7 +421,7 @@ def recipe_compare(a: Path, b: Path) -> None:
 
 @bench.command("serve")
 @click.option("--model", default="simulated", show_default=True,
-              help="'simulated' (a device that sleeps --batch-ms per batch) or a torchvision model on the CPU.")
+              help="'simulated' (a device that sleeps --batch-ms per batch) or a torchvision model (run on --device).")
 @click.option("--batch-ms", default="4+0.25*n", show_default=True,
               help="The simulated device's ms per batch of n, 'A+B*n'.")
 @click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
