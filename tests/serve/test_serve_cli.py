@@ -46,3 +46,13 @@ def test_serve_options_are_validated():
         ServeOptions(model="simulated", dtype="int8")
     with pytest.raises(ServeError, match="--size"):
         ServeOptions(model="simulated", size=300, resize=256)
+
+
+def test_cuda_asked_for_without_cuda_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--model", "simulated", "--batch-ms", "4",
+                                  "--devices", "cuda:0"])
+    assert r.exit_code == 1 and "no CUDA device is available" in r.output and "Traceback" not in r.output
