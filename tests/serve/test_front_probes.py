@@ -7,6 +7,7 @@ against a real ``fastload serve`` subprocess (``slow``: it pays a process start)
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import socket
 import threading
 import time
@@ -66,6 +67,26 @@ def _settle(front: Front, open_allowed: int = 1, timeout: float = 5.0) -> None:
 
 def _good(front: Front) -> int:
     return call(front.port, "POST", "/predict", jpeg_bytes(photo(48, 40)))[0]
+
+
+@contextlib.contextmanager
+def own_front(front: Front, **limits):
+    """For the thread variant, a server of its own with ``limits`` (so long timeouts cannot race the probe)."""
+    if front.pid is not None:
+        _settle(front)
+        yield front
+        return
+    batcher = DynamicBatcher(SimulatedDevice(1.0, num_classes=10), preprocess=EvalTransform(32, 40), device="cpu")
+    router = Router([batcher]).start()
+    srv = make_server(router, port=0, options=FrontOptions(**{**LIMITS, **limits}))
+    thread = serve_forever(srv)
+    try:
+        yield Front(srv.server_address[1], None)
+    finally:
+        srv.shutdown()
+        thread.join()
+        srv.close_all(2)
+        router.stop(drain=False)
 
 
 def test_slowloris_headers_are_cut_after_the_header_timeout_and_others_are_served(front):
@@ -131,14 +152,14 @@ def test_idle_keep_alive_connection_is_closed_after_the_idle_timeout(front):
 
 
 def test_connections_over_the_cap_get_503_with_retry_after(front):
-    _settle(front)
-    held = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(8)]
-    try:
-        time.sleep(0.1)
-        answer = raw(front.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", timeout=3)
-    finally:
-        for s in held:
-            s.close()
+    with own_front(front, header_timeout_s=30.0) as f:
+        held = [socket.create_connection(("127.0.0.1", f.port)) for _ in range(8)]
+        try:
+            time.sleep(0.1)
+            answer = raw(f.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", timeout=3)
+        finally:
+            for s in held:
+                s.close()
     assert status_of(answer) == 503, answer
     assert b"Retry-After: 1" in answer and b"max_connections" in answer, answer
 
@@ -227,20 +248,20 @@ def _threads(front: Front) -> int:
 
 
 def test_many_idle_keep_alive_connections_hold_at_most_max_connections_threads(front):
-    _settle(front)
-    before = _threads(front)
-    socks, codes = [], []
-    try:
-        for _ in range(40):
-            s = socket.create_connection(("127.0.0.1", front.port), timeout=5)
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: the connection stays open
-            socks.append(s)
-        for s in socks:
-            codes.append(status_of(s.recv(65536)))
-        during = _threads(front)
-    finally:
-        for s in socks:
-            s.close()
+    with own_front(front, idle_timeout_s=30.0) as f:
+        before = _threads(f)
+        socks, codes = [], []
+        try:
+            for _ in range(40):
+                s = socket.create_connection(("127.0.0.1", f.port), timeout=5)
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: the connection stays open
+                socks.append(s)
+            for s in socks:
+                codes.append(status_of(s.recv(65536)))
+            during = _threads(f)
+        finally:
+            for s in socks:
+                s.close()
     assert codes.count(200) <= 8 and codes.count(503) >= 32 and set(codes) <= {200, 503}
     # one thread per admitted connection, never one per connection (a process also starts the lingering-close
     # thread and may start a warm-up/probe helper: 2 more at most)
