@@ -215,7 +215,7 @@ def test_simulated_device_sleeps_fixed_plus_per_item():
     out = m(torch.ones(4, 3, 8, 8))
     took = (time.perf_counter() - t0) * 1e3
     assert out.shape == (4, 3) and torch.equal(out[0], torch.tensor([0.0, 1.0, 2.0]))
-    assert 40.0 <= took < 400.0  # 20 + 5 * 4 ms, and it is sleep (bounded above loosely on a busy machine)
+    assert 40.0 <= took < 2000.0  # 20 + 5 * 4 ms of sleep (bounded above loosely: a busy machine)
 
 
 gpu = pytest.mark.gpu
