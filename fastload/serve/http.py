@@ -25,8 +25,10 @@ replica is warmed up and healthy), ``GET /stats`` (JSON), ``GET /metrics`` (Prom
 Why the standard library (``ThreadingHTTPServer``) and not uvicorn + starlette: no
 dependency, and a thread blocked on its request's future is the natural shape for a
 batcher (the batching happens behind the futures). The thread count is bounded by
-``max_connections``. An ASGI server was not measured against it (see the README);
-``DynamicBatcher.submit_async`` is there for one.
+``max_connections``. uvicorn has no deadline for receiving a request (its keep-alive
+timeout restarts with every byte: https://github.com/xorbitsai/inference/pull/5213
+wraps its protocol to add one). An ASGI server was not measured against this one (see
+the README); ``DynamicBatcher.submit_async`` is there for one.
 
 Must not: do its own preprocessing or batching.
 """
