@@ -33,6 +33,9 @@ _EXPORTS: dict[str, str] = {
     "SharedMemoryError": "fastload.errors",
     "ResumeStateError": "fastload.errors",
     "Overloaded": "fastload.errors",
+    "ServeError": "fastload.errors",
+    "DeadlineExceeded": "fastload.errors",
+    "DeviceFailure": "fastload.errors",
     # pack
     "convert": "fastload.pack.convert",
     "ConvertOptions": "fastload.pack.convert",
@@ -60,6 +63,11 @@ _EXPORTS: dict[str, str] = {
     "StageResult": "fastload.measure.timing",
     "load_recipe": "fastload.measure.recipe",
     "run_recipe": "fastload.measure.recipe",
+    # serve
+    "DynamicBatcher": "fastload.serve.batcher",
+    "Router": "fastload.serve.replicas",
+    "ServeOptions": "fastload.serve.app",
+    "run_server": "fastload.serve.app",
     # data
     "make_dataset": "fastload.datasets",
     "ensure_default_dataset": "fastload.datasets",

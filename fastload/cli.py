@@ -305,7 +305,10 @@ def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 
 
 @main.command()
-@click.option("--model", "model_name", required=True, help="A torchvision.models classification model name.")
+@click.option("--model", "model_name", required=True,
+              help="A torchvision.models classification model name, or 'simulated' (with --batch-ms).")
+@click.option("--batch-ms", default=None,
+              help="For --model simulated: device time per batch of n as 'A+B*n' ms (it sleeps, freeing the CPU).")
 @click.option("--weights", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="A state_dict file for the model [default: random initialisation; nothing is downloaded].")
 @click.option("--num-classes", type=click.IntRange(min=1), default=1000, show_default=True)
@@ -314,63 +317,68 @@ def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=8.0, show_default=True)
-@click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--max-wait-ms", type=click.FloatRange(min=0), default=8.0, show_default=True,
+              help="How long a partial batch may wait for more requests (0: greedy).")
+@click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Requests waiting per replica before new ones get 503 + Retry-After.")
+@click.option("--devices", default="auto", show_default=True,
+              help="Comma-separated devices, one replica each: auto, cpu, cuda, cuda:0,cuda:1.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Replicas on the CPU (with --devices cpu).")
+@click.option("--cpu-fallback/--no-cpu-fallback", default=True, show_default=True,
+              help="Beside CUDA replicas, keep a CPU replica that retries a failed device's requests.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="fp32", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
-              help="Preprocessing threads [default: the CPUs this process may use].")
+              help="Preprocessing threads in all [default: the CPUs this process may use].")
 @click.option("--size", type=click.IntRange(min=8), default=224, show_default=True, help="Eval crop size.")
 @click.option("--resize", type=click.IntRange(min=8), default=256, show_default=True,
               help="Shorter side before the crop.")
 @click.option("--gpu-decode-min-batch", type=click.IntRange(min=1), default=None,
               help="On CUDA, decode batches of at least N JPEGs on the GPU (nvJPEG).")
+@click.option("--max-pixels", type=click.IntRange(min=1), default=40_000_000, show_default=True,
+              help="Refuse images declaring more pixels (checked from the header, before decoding).")
+@click.option("--max-body-mb", type=click.FloatRange(min=0.001), default=64.0, show_default=True,
+              help="Bodies over this get 413, answered before the body is read.")
+@click.option("--request-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
+              help="Seconds before a request gets 504 and leaves the queue.")
+@click.option("--header-timeout", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
+              help="Seconds for a request line and headers to arrive.")
+@click.option("--body-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
+              help="Seconds for a body to arrive.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0.001), default=15.0, show_default=True,
+              help="Seconds an idle keep-alive connection stays open.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Open connections (one thread each); more get 503 + Retry-After.")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=25.0, show_default=True,
+              help="On SIGTERM, seconds to finish accepted requests.")
 @_friendly
-def serve(model_name, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue, device,
-          workers, size, resize, gpu_decode_min_batch) -> None:
-    """Serve a torchvision model over HTTP with the training eval preprocessing and dynamic batching.
+def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
+          devices, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
+          max_body_mb, request_timeout, header_timeout, body_timeout, idle_timeout, max_connections,
+          drain_timeout) -> None:
+    """Serve a model over HTTP with the training eval preprocessing and dynamic batching.
 
-    POST /predict with image bytes -> JSON top-5; GET /healthz (200 once warmed up),
-    GET /stats, GET /trace (Chrome trace). 503 + Retry-After when the queue is full.
+    POST /predict with image bytes -> JSON top-5; GET /healthz (200 once a replica is warm),
+    /stats (JSON), /metrics (Prometheus), /trace (Chrome trace). 503 + Retry-After when full,
+    504 past the request deadline. SIGTERM or Ctrl-C drains accepted requests and stops.
     """
     import logging
 
-    import torch
-
-    from fastload.load.transforms import EvalTransform
-    from fastload.measure.train import build_model
-    from fastload.serve import DynamicBatcher, make_server
-    from fastload.system import available_cpus
+    from fastload.serve.app import ServeOptions, run_server
+    from fastload.serve.http import FrontOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    model = build_model(model_name, num_classes=num_classes)
-    if weights:
-        model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    classes = classes_file.read_text().split("\n") if classes_file else None
-    batcher = DynamicBatcher(model, preprocess=EvalTransform(size, resize), max_batch=max_batch,
-                             max_wait_ms=max_wait_ms, max_queue=max_queue, device=device,
-                             workers=workers or available_cpus(), gpu_decode_min_batch=gpu_decode_min_batch)
-    server = make_server(batcher, host, port, classes=[c for c in classes if c] if classes else None)
-    import threading
-
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()  # /healthz answers 503 while the warm-up runs
-    click.echo(f"listening on http://{server.server_address[0]}:{server.server_address[1]} (warming up...)")
-    batcher.start()
-    click.echo(f"ready on {batcher.device}: POST image bytes to /predict; Ctrl-C stops")
-    import signal
-
-    def _stop(signum, frame):  # SIGTERM (docker stop, Kubernetes) drains like Ctrl-C
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
-    try:
-        thread.join()
-    except KeyboardInterrupt:
-        click.echo("stopping: finishing accepted requests")
-    finally:
-        server.shutdown()
-        batcher.stop()
-        server.server_close()
+    classes = tuple(c for c in classes_file.read_text().split("\n") if c) if classes_file else None
+    front = FrontOptions(max_body_bytes=int(max_body_mb * (1 << 20)), header_timeout_s=header_timeout,
+                         body_timeout_s=body_timeout, idle_timeout_s=idle_timeout, request_timeout_s=request_timeout,
+                         max_connections=max_connections)
+    opts = ServeOptions(model=model_name, batch_ms=batch_ms, weights=weights, num_classes=num_classes,
+                        classes=classes, host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                        max_queue=max_queue, devices=tuple(d.strip() for d in devices.split(",") if d.strip()),
+                        replicas=replicas, cpu_fallback=cpu_fallback, dtype=dtype, workers=workers, size=size,
+                        resize=resize, gpu_decode_min_batch=gpu_decode_min_batch, max_pixels=max_pixels,
+                        drain_timeout_s=drain_timeout, front=front)
+    run_server(opts, say=lambda msg: click.echo(msg))
 
 
 @main.group()
@@ -481,23 +489,49 @@ def recipe_compare(a: Path, b: Path) -> None:
 
 
 @bench.command("serve")
-@click.option("--model", default="mobilenet_v3_small", show_default=True, help="A torchvision model name.")
-@click.option("--wait-ms", "waits", type=float, multiple=True, help="max_wait_ms values to compare [default: 0 8 50].")
-@click.option("--max-batch", type=click.IntRange(min=1), default=16, show_default=True)
-@click.option("--rate", default="auto", show_default=True,
-              help="Offered requests/s, or 'auto' (between one-at-a-time and batched capacity).")
-@click.option("--duration", type=click.FloatRange(min=0.5), default=10.0, show_default=True, help="Seconds per run.")
+@click.option("--model", default="simulated", show_default=True,
+              help="'simulated' (a device that sleeps --batch-ms per batch) or a torchvision model (run on --device).")
+@click.option("--batch-ms", default="4+0.25*n", show_default=True,
+              help="The simulated device's ms per batch of n, 'A+B*n'.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--loads", default="0.25,0.5,1,1.5", show_default=True,
+              help="Offered loads as fractions of the estimated capacity (past 1 is past saturation).")
+@click.option("--rates", default=None, help="Offered loads in requests/s instead, comma-separated.")
+@click.option("--configs", default=",".join(["before", "after 8ms", "after greedy"]), show_default=True,
+              help="Which configurations to run, comma-separated.")
+@click.option("--rounds", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Interleaved rounds; each point reports the median and the range.")
+@click.option("--duration", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds per point.")
 @click.option("--max-requests", type=click.IntRange(min=1), default=5000, show_default=True)
 @click.option("--image-size", type=click.IntRange(min=32), default=224, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="fastload's preprocessing threads [default: the CPUs this process may use].")
+@click.option("--device", default="cpu", show_default=True, help="Where the model runs: cpu, cuda, cuda:N, auto.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
-def bench_serve_cmd(model, waits, max_batch, rate, duration, max_requests, image_size, json_out) -> None:
-    """Open-loop Poisson load on the HTTP front over loopback, comparing max_wait_ms values in one run."""
+def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, duration, max_requests, image_size,
+                    workers, device, json_out) -> None:
+    """Serving before/after: the seed's (Pillow, one at a time, 50 ms wait) vs fastload's, at several loads.
+
+    Open-loop Poisson load over loopback HTTP; throughput, p50/p99, device busy fraction.
+    """
     from fastload.serve.bench import ServeBenchOptions, bench_serve, format_table, to_json
 
-    opts = ServeBenchOptions(model=model, waits_ms=tuple(waits) or (0.0, 8.0, 50.0), max_batch=max_batch,
-                             rate=rate if rate == "auto" else float(rate), duration_s=duration,
-                             max_requests=max_requests, image_size=image_size)
+    def floats(text: str, what: str) -> tuple[float, ...]:
+        try:
+            return tuple(float(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+    try:
+        opts = ServeBenchOptions(model=model, batch_ms=batch_ms, max_batch=max_batch, loads=floats(loads, "--loads"),
+                                 rates=floats(rates, "--rates") if rates else None,
+                                 configs=tuple(c.strip() for c in configs.split(",") if c.strip()), rounds=rounds,
+                                 duration_s=duration, max_requests=max_requests, image_size=image_size,
+                                 workers=workers, device=device)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
     report = bench_serve(opts)
     click.echo(format_table(report))
     if json_out:

@@ -19,7 +19,11 @@
     ├── WorkerStartError               loader worker processes could not start (e.g. no __main__ guard)
     ├── SharedMemoryError              /dev/shm is too small for the DataLoader workers' batches in flight
     ├── ResumeStateError               a loader state cannot be loaded here (corrupt, or another dataset/seed/setup)
-    └── Overloaded                     the inference batcher's queue is full; retry later
+    ├── Overloaded                     the inference batcher's queue is full; retry later
+    ├── ServeError                     the serving configuration is invalid (model, weights, devices)
+    ├── DeadlineExceeded               an inference request outlived its deadline (HTTP 504)
+    └── DeviceFailure                  the model failed on a batch (CUDA error, out of memory); the
+                                       serving replica is marked unhealthy and the batch retried once
 
 Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError``, ``ResumeStateError`` and ``SourceError``
 inherit from it) so code that already catches ``ValueError`` keeps working.
@@ -46,6 +50,9 @@ __all__ = [
     "SharedMemoryError",
     "ResumeStateError",
     "Overloaded",
+    "ServeError",
+    "DeadlineExceeded",
+    "DeviceFailure",
 ]
 
 
@@ -140,3 +147,15 @@ class ResumeStateError(FastloadError, ValueError):
 
 class Overloaded(FastloadError):
     """The inference queue is full. Retry later (HTTP 503 with Retry-After)."""
+
+
+class ServeError(FastloadError, ValueError):
+    """``fastload serve`` cannot start as configured (unknown model, weights that do not fit, bad devices)."""
+
+
+class DeadlineExceeded(FastloadError, TimeoutError):
+    """An inference request was not answered before its deadline (HTTP 504); it left the queue."""
+
+
+class DeviceFailure(FastloadError, RuntimeError):
+    """The model failed on a batch on one device (CUDA error, out of memory, a broken replica)."""

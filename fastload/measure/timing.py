@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from fastload.stats import percentiles  # re-exported: it lives at the edge, shared with serve/
+
 __all__ = ["StepRecord", "StageResult", "StepTimer", "NvmlSampler", "percentiles", "summarize_records"]
 
 
@@ -39,14 +41,6 @@ class StepRecord:
     gpu_busy: float | None = None
     gpu_idle: float | None = None
     images: int = 0
-
-
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
-    a = np.asarray(values, dtype=float)
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
 
 
 @dataclass

@@ -1,18 +1,23 @@
 """``DynamicBatcher``: time-window batching for inference with the training preprocessing.
 
-Owns: accepting requests (encoded image bytes), preprocessing them in parallel with the
-same ``load/decode.py`` + eval preset the training path uses, grouping them into batches
-(a batch leaves as soon as it holds ``max_batch`` requests or its oldest request has
-waited ``max_wait_ms``), running the model, routing each output row back to its future,
-refusing work when ``max_queue`` requests are waiting (``Overloaded``), warm-up,
-CPU/CUDA placement, and per-request timings (``stats()``, ``trace()``).
+Owns: accepting requests (encoded image bytes), checking each image's declared pixels
+against a serving budget from its header before decoding, preprocessing them in parallel
+with the eval preset the training path uses, grouping them into batches (a batch leaves
+as soon as it holds ``max_batch`` requests or its oldest request has waited
+``max_wait_ms``; ``0`` is greedy: whatever arrived while the model was busy), running the
+model (optionally in bf16/fp16), routing each output row back to its future, refusing
+work when ``max_queue`` requests are waiting (``Overloaded``), deadlines (an expired or
+cancelled request leaves the queue at once), warm-up, device placement, GPU decode for
+big batches (counted, fallbacks logged), and per-request timings (``stats()``,
+``trace()``, histograms for ``/metrics``).
 
 Why a short window: one request at a time leaves the device idle between tiny batches;
 a long fixed wait (50 ms is common) adds that much latency to every request at low load.
-A window of a few milliseconds with a cap on the batch gets most of the batching gain at
-high load and costs at most the window at low load.
+A batcher that sends whatever arrived while the model was busy already batches under
+load (Triton's dynamic batcher works the same way); a window of a few milliseconds with
+a cap on the batch adds batching at moderate load and costs at most the window.
 
-Must not: know about HTTP (``http.py``).
+Must not: know about HTTP (``http.py``) or about other replicas (``replicas.py``).
 """
 
 from __future__ import annotations
@@ -28,50 +33,17 @@ from typing import Any
 
 import torch
 
-from fastload.errors import CorruptSampleError, Overloaded
+from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
+from fastload.serve.metrics import StageHistograms, trace_events
+from fastload.serve.policy import BatchPolicy, RequestTiming
+from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES, check_pixels, decode_request, pick_device
+from fastload.stats import percentiles
 
-__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming"]
+__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS"]
 
 log = logging.getLogger("fastload.serve")
 
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """When does a batch leave? Pure, so it can be tested with a fake clock.
-
-    ``decide(now, arrivals)`` with the arrival times of the ready requests (oldest first)
-    returns ``(n, 0)`` to send the first ``n`` now, or ``(0, seconds)`` to wait that long.
-    """
-
-    max_batch: int
-    max_wait_s: float
-
-    def decide(self, now: float, arrivals: Sequence[float]) -> tuple[int, float]:
-        if not arrivals:
-            return 0, float("inf")
-        if len(arrivals) >= self.max_batch:
-            return self.max_batch, 0.0
-        due = arrivals[0] + self.max_wait_s
-        if now >= due:
-            return len(arrivals), 0.0
-        return 0, due - now
-
-
-@dataclass
-class RequestTiming:
-    """When each stage of one request happened (``time.perf_counter`` seconds)."""
-
-    id: int
-    queued: float
-    preprocess_start: float = 0.0
-    preprocess_end: float = 0.0
-    batched: float = 0.0
-    compute_start: float = 0.0
-    compute_end: float = 0.0
-    returned: float = 0.0
-    batch_size: int = 0
-    ok: bool = True
 
 
 @dataclass
@@ -80,7 +52,9 @@ class _Request:
     data: bytes
     future: concurrent.futures.Future
     timing: RequestTiming
+    deadline: float | None = None
     image: torch.Tensor | None = None
+    state: str = "pre"  # pre (being preprocessed) → ready → batched → done; or dropped
 
 
 @dataclass
@@ -89,9 +63,15 @@ class _Stats:
     completed: int = 0
     failed: int = 0
     rejected: int = 0
+    expired: int = 0
     batches: int = 0
     batch_sizes: collections.Counter = field(default_factory=collections.Counter)
     warmup_s: float = 0.0
+    busy_s: float = 0.0
+    started: float = 0.0
+    gpu_decoded: int = 0
+    cpu_decoded: int = 0
+    gpu_decode_fallbacks: int = 0
 
 
 class DynamicBatcher:
@@ -103,91 +83,107 @@ class DynamicBatcher:
         preprocess: bytes → uint8 CHW tensor; default ``EvalTransform(224, 256)`` — the
             evaluation preset training uses, so serving sees exactly the training tensors.
         max_batch: largest batch sent to the model.
-        max_wait_ms: how long the oldest ready request may wait for others.
+        max_wait_ms: how long the oldest ready request may wait for others (0: greedy).
         max_queue: requests waiting (submitted, not yet sent to the model) before
             ``submit`` raises ``Overloaded``.
-        device: ``"auto"`` (CUDA when available and usable, else CPU), ``"cpu"``, ``"cuda"``.
+        device: ``"auto"`` (CUDA when usable, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``.
         workers: preprocessing threads (decoders release the GIL).
         gpu_decode_min_batch: on CUDA, decode whole batches of at least this many JPEGs on
             the GPU (``torchvision.io.decode_jpeg(device="cuda")``); smaller batches and
             other formats decode on the CPU. None: always CPU.
+        dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"``: the model's parameters and input.
+        max_pixels: refuse images declaring more pixels in their header (before decoding).
         mean, std: normalisation (0..1 scale), applied on the device.
         history: how many finished requests ``stats()`` and ``trace()`` look back over.
+        name: how logs and metrics name this batcher (a replica's name).
+        window_from: ``"arrival"`` (default): a request's window starts when it was
+            submitted, so ``max_wait_ms`` bounds the added latency; ``"ready"``: when its
+            preprocessing ended, as in a server that decodes in the request thread and then
+            queues for a batch (how ``bench serve`` models the seed's service).
     """
 
     def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], *,
                  preprocess: Callable[[bytes], torch.Tensor] | None = None, max_batch: int = 32,
                  max_wait_ms: float = 8.0, max_queue: int = 256, device: str = "auto", workers: int = 2,
-                 gpu_decode_min_batch: int | None = None, mean: Sequence[float] = IMAGENET_MEAN,
-                 std: Sequence[float] = IMAGENET_STD, history: int = 10_000) -> None:
+                 gpu_decode_min_batch: int | None = None, dtype: str = "fp32",
+                 max_pixels: int = DEFAULT_MAX_PIXELS, mean: Sequence[float] = IMAGENET_MEAN,
+                 std: Sequence[float] = IMAGENET_STD, history: int = 10_000, name: str | None = None,
+                 window_from: str = "arrival") -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
-        if device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"Unknown value {device!r} for argument device. Valid values are 'auto', 'cpu', 'cuda'.")
+        if dtype not in DTYPES:
+            raise ValueError(f"Unknown value {dtype!r} for argument dtype. Valid values are {', '.join(DTYPES)}.")
+        if max_pixels < 1:
+            raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
         self.model = model
         self.preprocess = preprocess or EvalTransform(224, 256)
         self.policy = BatchPolicy(max_batch, max_wait_ms / 1e3)
         self.max_queue = max_queue
-        self.device = self._pick_device(device)
+        self.device = pick_device(device)
+        self.name = name or str(self.device)
+        if window_from not in ("arrival", "ready"):
+            raise ValueError(f"Unknown value {window_from!r} for argument window_from. Valid values are 'arrival', "
+                             "'ready'.")
+        self._from_ready = window_from == "ready"
         self.gpu_decode_min_batch = gpu_decode_min_batch if self.device.type == "cuda" else None
+        self.dtype = DTYPES[dtype]
+        self.max_pixels = max_pixels
         self.mean, self.std = tuple(mean), tuple(std)
         self._pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="fastload-pre")
         self._cond = threading.Condition()
         self._ready: collections.deque[_Request] = collections.deque()
         self._inflight: dict[int, _Request] = {}  # submitted, future not yet resolved
-        self._waiting = 0  # submitted and not yet sent to the model
+        self._waiting = 0  # submitted and not yet sent to the model (nor dropped)
         self._ids = 0
         self._stats = _Stats()
+        self.histograms = StageHistograms()
         self._done: collections.deque[RequestTiming] = collections.deque(maxlen=history)
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._stopping = False
+        self._warned_gpu_fallback = False
         self.ready = threading.Event()
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     # ---- lifecycle ------------------------------------------------------------------------
 
-    @staticmethod
-    def _pick_device(name: str) -> torch.device:
-        if name == "cpu":
-            return torch.device("cpu")
-        usable = False
-        if torch.cuda.is_available():
-            try:
-                torch.zeros(1, device="cuda").add_(1)
-                usable = True
-            except Exception as exc:  # visible but unusable (driver mismatch, busy, out of memory)
-                log.warning("CUDA is visible but unusable (%s); serving on the CPU", exc)
-        if name == "cuda" and not usable:
-            raise RuntimeError("device='cuda' but no usable CUDA device; use device='auto' or 'cpu'.")
-        dev = torch.device("cuda" if usable else "cpu")
-        log.info("DynamicBatcher serving on %s", dev)
-        return dev
-
     def _dummy_batch(self) -> torch.Tensor:
         size = getattr(self.preprocess, "size", 224)
         return torch.zeros(self.policy.max_batch, 3, size, size, dtype=torch.uint8)
+
+    def probe(self) -> float:
+        """Run one full dummy batch through the model (warm-up, or a health re-probe); seconds taken.
+
+        Raises:
+            DeviceFailure: the model failed on it.
+        """
+        t0 = time.perf_counter()
+        try:
+            self._run_model(self._dummy_batch())
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except Exception as exc:
+            raise DeviceFailure(f"{self.name}: the model failed on a probe batch: {type(exc).__name__}: {exc}") \
+                from exc
+        return time.perf_counter() - t0
 
     def start(self) -> DynamicBatcher:
         """Warm up with one full dummy batch (CUDA context, cudnn autotune), then accept work."""
         if self._thread is not None:
             return self
         if isinstance(self.model, torch.nn.Module):
-            self.model = self.model.to(self.device).eval()
-        t0 = time.perf_counter()
-        self._run_model(self._dummy_batch())
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self._stats.warmup_s = time.perf_counter() - t0
+            self.model = self.model.to(self.device, self.dtype).eval()
+        self._stats.warmup_s = self.probe()
+        self._stats.started = time.perf_counter()
         self._accepting, self._stopping = True, False
-        self._thread = threading.Thread(target=self._loop, name="fastload-batcher", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=f"fastload-batcher-{self.name}", daemon=True)
         self._thread.start()
         self.ready.set()
-        log.info("DynamicBatcher ready after %.2fs warm-up", self._stats.warmup_s)
+        log.info("DynamicBatcher %s ready after %.2fs warm-up", self.name, self._stats.warmup_s)
         return self
 
     def stop(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
@@ -199,6 +195,7 @@ class DynamicBatcher:
                 self._ready.clear()
                 self._waiting = 0
                 for req in list(self._inflight.values()):
+                    req.state = "dropped"
                     req.future.cancel()
                 self._inflight.clear()
         if drain:
@@ -222,8 +219,17 @@ class DynamicBatcher:
 
     # ---- submitting -----------------------------------------------------------------------
 
-    def submit(self, data: bytes) -> concurrent.futures.Future:
+    @property
+    def load(self) -> int:
+        """Requests accepted and not yet answered (what least-loaded routing compares)."""
+        return len(self._inflight)
+
+    def submit(self, data: bytes, *, timeout: float | None = None) -> concurrent.futures.Future:
         """Queue one encoded image; the future resolves to the model's output row (CPU tensor).
+
+        ``timeout``: seconds from now after which the request is dropped from the queue
+        (the future fails with ``DeadlineExceeded``) if it has not reached the model.
+        Cancelling the future also drops it at once and frees its place in the queue.
 
         Raises:
             Overloaded: ``max_queue`` requests are already waiting.
@@ -239,53 +245,102 @@ class DynamicBatcher:
             self._ids += 1
             self._stats.submitted += 1
             rid = self._ids
-        req = _Request(rid, bytes(data), concurrent.futures.Future(), RequestTiming(rid, time.perf_counter()))
-        with self._cond:
+            now = time.perf_counter()
+            req = _Request(rid, bytes(data), concurrent.futures.Future(), RequestTiming(rid, now),
+                           deadline=None if timeout is None else now + timeout)
             self._inflight[rid] = req
+        req.future.add_done_callback(lambda f, req=req: self._on_done(req, f))
         if self.gpu_decode_min_batch is not None:
             self._enqueue(req)  # decoded at batch time, on the GPU when the batch is big enough
         else:
             self._pool.submit(self._preprocess, req)
         return req.future
 
-    async def submit_async(self, data: bytes) -> torch.Tensor:
+    async def submit_async(self, data: bytes, *, timeout: float | None = None) -> torch.Tensor:
         """``await`` the model output for one encoded image (asyncio wrapper of ``submit``)."""
         import asyncio
 
-        return await asyncio.wrap_future(self.submit(data))
+        return await asyncio.wrap_future(self.submit(data, timeout=timeout))
+
+    def _on_done(self, req: _Request, future: concurrent.futures.Future) -> None:
+        if not future.cancelled():
+            return
+        with self._cond:  # cancelled by the caller (its deadline): leave the queue now
+            self._inflight.pop(req.id, None)
+            if req.state in ("pre", "ready"):
+                if req.state == "ready":
+                    try:
+                        self._ready.remove(req)
+                    except ValueError:
+                        pass
+                req.state = "dropped"
+                self._waiting -= 1
+                self._stats.expired += 1
+                self._cond.notify_all()
+
+    def _drop_expired(self, req: _Request, now: float) -> bool:
+        """Under the lock: a request past its deadline leaves the queue with ``DeadlineExceeded``."""
+        if req.deadline is None or now < req.deadline or req.state not in ("pre", "ready"):
+            return False
+        req.state = "dropped"
+        self._waiting -= 1
+        self._stats.expired += 1
+        self._inflight.pop(req.id, None)
+        exc = DeadlineExceeded(f"request {req.id} waited {(now - req.timing.queued) * 1e3:.0f} ms, past its "
+                               "deadline, before reaching the model")
+        try:  # resolved off the lock: a caller's done-callback may take its own locks
+            self._pool.submit(self._set, req.future, None, exc)
+        except RuntimeError:  # the pool is shutting down
+            self._set(req.future, None, exc)
+        return True
+
+    @staticmethod
+    def _set(future: concurrent.futures.Future, result: Any, exc: BaseException | None) -> None:
+        try:
+            if exc is None:
+                future.set_result(result)
+            else:
+                future.set_exception(exc)
+        except concurrent.futures.InvalidStateError:  # cancelled meanwhile
+            pass
 
     def _preprocess(self, req: _Request) -> None:
+        if req.state == "dropped":
+            return
         req.timing.preprocess_start = time.perf_counter()
         try:
             req.image = self._decode(req.data)
         except Exception as exc:
             req.timing.preprocess_end = time.perf_counter()
-            self._fail(req, exc)
             with self._cond:
+                if req.state == "dropped":
+                    return
+                req.state = "done"
                 self._waiting -= 1
                 self._cond.notify_all()
+            self._fail(req, exc)
             return
         req.timing.preprocess_end = time.perf_counter()
         self._enqueue(req)
 
     def _decode(self, data: bytes) -> torch.Tensor:
-        from_bytes = getattr(self.preprocess, "from_bytes", None)
-        try:
-            return from_bytes(data) if from_bytes is not None else self.preprocess(data)
-        except Exception as exc:
-            from fastload.image.policy import BadImage
-
-            reason = str(exc) if isinstance(exc, BadImage) else f"{type(exc).__name__}: {exc}"
-            raise CorruptSampleError(f"cannot decode the request body as an image: {reason}") from exc
+        image = decode_request(self.preprocess, data, self.max_pixels)
+        with self._cond:
+            self._stats.cpu_decoded += 1
+        return image
 
     def _enqueue(self, req: _Request) -> None:
         with self._cond:
+            if req.state == "dropped":
+                return
+            req.state = "ready"
             self._ready.append(req)
             self._cond.notify_all()
 
     def _resolve(self, req: _Request, result: Any = None, exc: BaseException | None = None) -> None:
         req.timing.returned = time.perf_counter()
         req.timing.ok = exc is None
+        req.state = "done"
         with self._cond:
             self._inflight.pop(req.id, None)
             if exc is None:
@@ -293,12 +348,9 @@ class DynamicBatcher:
             else:
                 self._stats.failed += 1
         self._done.append(req.timing)
-        if req.future.done():  # cancelled by stop(drain=False)
-            return
         if exc is None:
-            req.future.set_result(result)
-        else:
-            req.future.set_exception(exc)
+            self.histograms.observe_request(req.timing)
+        self._set(req.future, result, exc)
 
     def _fail(self, req: _Request, exc: BaseException) -> None:
         self._resolve(req, exc=exc)
@@ -311,12 +363,19 @@ class DynamicBatcher:
                 while True:
                     if self._stopping and not self._ready:
                         return
-                    n, wait = self.policy.decide(time.perf_counter(), [r.timing.queued for r in self._ready])
+                    now = time.perf_counter()
+                    if any(r.deadline is not None for r in self._ready):
+                        for r in [r for r in self._ready if self._drop_expired(r, now)]:
+                            self._ready.remove(r)
+                    n, wait = self.policy.decide(now, [(r.timing.preprocess_end or r.timing.queued)
+                                                       if self._from_ready else r.timing.queued for r in self._ready])
                     if n:
                         batch = [self._ready.popleft() for _ in range(n)]
+                        for r in batch:
+                            r.state = "batched"
                         self._waiting -= n
                         break
-                    self._cond.wait(None if wait == float("inf") else wait)
+                    self._cond.wait(None if wait == float("inf") else min(wait, 0.05))
             self._run_batch(batch)
             with self._cond:
                 self._cond.notify_all()
@@ -326,24 +385,32 @@ class DynamicBatcher:
         for r in batch:
             r.timing.batched = now
             r.timing.batch_size = len(batch)
+        if self.gpu_decode_min_batch is not None:
+            batch = self._decode_batch(batch)
+            if not batch:
+                return
+        start = time.perf_counter()
         try:
-            if self.gpu_decode_min_batch is not None:
-                batch = self._decode_batch(batch)
-                if not batch:
-                    return
-            images = torch.stack([r.image for r in batch])
-            start = time.perf_counter()
-            out = self._run_model(images)
-            end = time.perf_counter()
-        except Exception as exc:  # the model failed: fail this batch, keep serving
-            log.exception("model failed on a batch of %d", len(batch))
+            out = self._run_model(torch.stack([r.image for r in batch]))
+        except Exception as exc:  # the device failed: fail this batch (a router retries it), keep serving
+            if isinstance(exc, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()  # give the failed batch's memory back before the next one
+            log.error("%s: the model failed on a batch of %d: %s: %s", self.name, len(batch), type(exc).__name__,
+                      exc)
+            failure = DeviceFailure(f"{self.name}: the model failed on a batch of {len(batch)}: "
+                                    f"{type(exc).__name__}: {exc}")
+            failure.__cause__ = exc
             for r in batch:
-                self._fail(r, exc)
+                self._fail(r, failure)
             return
+        end = time.perf_counter()
         self._stats.batches += 1
+        self._stats.busy_s += end - start
         self._stats.batch_sizes[len(batch)] += 1
+        self.histograms.batch_size.observe(len(batch))
         for k, r in enumerate(batch):
             r.timing.compute_start, r.timing.compute_end = start, end
+            r.image = None
             self._resolve(r, out[k])
 
     def _decode_batch(self, batch: list[_Request]) -> list[_Request]:
@@ -354,13 +421,22 @@ class DynamicBatcher:
         jpeg = all(r.data[:3] == b"\xff\xd8\xff" for r in batch)
         if jpeg and len(batch) >= self.gpu_decode_min_batch:
             try:
+                for r in batch:
+                    check_pixels(r.data, self.max_pixels)
                 images = gpu_eval_batch([r.data for r in batch], self.preprocess, self.device)
+            except Exception as exc:
+                self._stats.gpu_decode_fallbacks += 1
+                if not self._warned_gpu_fallback:
+                    self._warned_gpu_fallback = True
+                    log.warning("%s: GPU decode failed for a batch of %d (%s: %s); decoding on the CPU instead "
+                                "(logged once; counted in stats()['gpu_decode_fallbacks'])", self.name,
+                                len(batch), type(exc).__name__, exc)
+            else:
                 for r, im in zip(batch, images):
                     r.image = im
                     r.timing.preprocess_start, r.timing.preprocess_end = t0, time.perf_counter()
+                self._stats.gpu_decoded += len(batch)
                 return batch
-            except Exception:
-                log.debug("GPU decode failed for a batch; decoding it on the CPU to find the bad image")
         futures = [self._pool.submit(self._decode_into, r) for r in batch]
         good = []
         for r, f in zip(batch, futures):
@@ -381,19 +457,19 @@ class DynamicBatcher:
         if self.device.type == "cuda":
             if images.device.type == "cpu":
                 images = images.pin_memory()
+            # GPU-decoded images were written on the current stream: the side stream must wait for them
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
-                x = normalize(images.to(self.device, non_blocking=True), self.mean, self.std)
+                x = normalize(images.to(self.device, non_blocking=True), self.mean, self.std).to(self.dtype)
             torch.cuda.current_stream(self.device).wait_stream(self._stream)
             out = self.model(x)
             return out.float().cpu()
-        return self.model(normalize(images, self.mean, self.std)).float()
+        return self.model(normalize(images, self.mean, self.std).to(self.dtype)).float()
 
     # ---- reporting ------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Counters and latency histograms (ms) over the last ``history`` requests."""
-        from fastload.measure.timing import percentiles
-
+        """Counters and latency summaries (ms) over the last ``history`` requests."""
         done = [t for t in self._done if t.ok and t.returned]
 
         def pct(seconds: list[float]) -> dict[str, float]:
@@ -401,12 +477,18 @@ class DynamicBatcher:
 
         s = self._stats
         sizes = s.batch_sizes
+        uptime = time.perf_counter() - s.started if s.started else 0.0
         return {
-            "device": str(self.device), "ready": self.ready.is_set(),
+            "name": self.name, "device": str(self.device), "ready": self.ready.is_set(),
+            "dtype": str(self.dtype).removeprefix("torch."),
             "max_batch": self.policy.max_batch, "max_wait_ms": self.policy.max_wait_s * 1e3,
-            "max_queue": self.max_queue, "waiting": self._waiting,
+            "max_queue": self.max_queue, "max_pixels": self.max_pixels, "waiting": self._waiting,
+            "in_flight": self.load,
             "submitted": s.submitted, "completed": s.completed, "failed": s.failed, "rejected": s.rejected,
-            "batches": s.batches, "warmup_s": s.warmup_s,
+            "expired": s.expired, "batches": s.batches, "warmup_s": s.warmup_s,
+            "busy_s": s.busy_s, "uptime_s": uptime, "device_busy_fraction": s.busy_s / uptime if uptime else 0.0,
+            "gpu_decoded": s.gpu_decoded, "cpu_decoded": s.cpu_decoded,
+            "gpu_decode_fallbacks": s.gpu_decode_fallbacks,
             "mean_batch_size": (sum(k * v for k, v in sizes.items()) / s.batches) if s.batches else 0.0,
             "batch_size_histogram": {str(k): v for k, v in sorted(sizes.items())},
             "latency_ms": pct([t.returned - t.queued for t in done]),
@@ -417,26 +499,4 @@ class DynamicBatcher:
 
     def trace(self) -> dict[str, Any]:
         """Chrome trace (Perfetto) of the recent requests: queued, preprocess, waiting for a batch, compute."""
-        done = list(self._done)
-        if not done:
-            return {"traceEvents": []}
-        origin = min(t.queued for t in done)
-        events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": 1,
-                                         "args": {"name": "fastload DynamicBatcher"}}]
-        seen_batches = set()
-        for t in done:
-            spans = [("queued", t.queued, t.preprocess_start or t.batched),
-                     ("preprocess", t.preprocess_start, t.preprocess_end),
-                     ("wait for batch", t.preprocess_end or t.queued, t.batched),
-                     ("compute", t.compute_start, t.compute_end)]
-            for name, a, b in spans:
-                if a and b and b >= a:
-                    events.append({"name": name, "ph": "X", "pid": 1, "tid": 1000 + t.id % 100_000,
-                                   "ts": (a - origin) * 1e6, "dur": (b - a) * 1e6,
-                                   "args": {"request": t.id, "batch_size": t.batch_size, "ok": t.ok}})
-            if t.compute_start and t.compute_start not in seen_batches:
-                seen_batches.add(t.compute_start)
-                events.append({"name": f"batch of {t.batch_size}", "ph": "X", "pid": 1, "tid": 1,
-                               "ts": (t.compute_start - origin) * 1e6,
-                               "dur": (t.compute_end - t.compute_start) * 1e6})
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        return trace_events(list(self._done), f"fastload DynamicBatcher {self.name}")

@@ -175,16 +175,49 @@ def test_stats_and_trace():
 
 
 @gpu
-def test_gpu_decode_for_big_batches_matches_cpu_closely():
-    model = FakeModel()
+def test_gpu_decode_runs_on_the_gpu_for_big_batches_and_matches_cpu_closely():
     data = images(4, size=300)
-    with make(torch.nn.Identity(), device="cuda", max_batch=4, max_wait_ms=100, gpu_decode_min_batch=2) as b:
-        outs = [b.submit(d).result(10) for d in data]
+    with make(torch.nn.Identity(), device="cuda", max_batch=4, max_wait_ms=500, gpu_decode_min_batch=2) as b:
+        outs = [f.result(30) for f in [b.submit(d) for d in data]]
+        s = b.stats()
+    assert s["gpu_decoded"] == 4 and s["gpu_decode_fallbacks"] == 0 and s["cpu_decoded"] == 0, s
     with make(torch.nn.Identity(), device="cpu", max_batch=4, max_wait_ms=100) as b:
-        ref = [b.submit(d).result(10) for d in data]
+        ref = [f.result(30) for f in [b.submit(d) for d in data]]
     for a, r in zip(outs, ref):
-        assert (a - r).abs().mean() < 0.05
-    assert model is not None
+        assert a.shape == r.shape
+        assert (a - r).abs().mean() < 0.05  # normalised units: decoder rounding and DCT-scaled CPU decode
+
+
+def test_float_resize_used_on_the_gpu_matches_the_cpu_uint8_resize():
+    from fastload.load.transforms import _resize
+    from fastload.serve.gpu_decode import resize_uint8
+
+    img = torch.from_numpy(__import__("numpy").array(photo(300, 200, seed=4))).permute(2, 0, 1).contiguous()
+    got, ref = resize_uint8(img, [112, 168]), _resize(img, [112, 168])
+    assert got.dtype == torch.uint8 and got.shape == ref.shape == (3, 112, 168)
+    assert (got.int() - ref.int()).abs().max() <= 1
+
+
+def test_gpu_decode_failure_falls_back_to_the_cpu_counted_and_warned_once(monkeypatch, caplog):
+    import fastload.serve.gpu_decode as gd
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("nvJPEG refused (injected)")
+
+    monkeypatch.setattr(gd, "gpu_eval_batch", refuse)
+    model = FakeModel()
+    b = make(model, max_batch=2, max_wait_ms=200)
+    b.gpu_decode_min_batch = 2  # as on CUDA: decode at batch time
+    try:
+        with caplog.at_level("WARNING", logger="fastload.serve"):
+            for _ in range(2):
+                outs = [f.result(10) for f in [b.submit(d) for d in images(2)]]
+                assert [o.shape for o in outs] == [(1,), (1,)]
+        s = b.stats()
+    finally:
+        b.stop()
+    assert s["gpu_decode_fallbacks"] == 2 and s["gpu_decoded"] == 0 and s["cpu_decoded"] == 4
+    assert sum("GPU decode failed" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_submit_async_awaits_the_result():
@@ -197,3 +230,22 @@ def test_submit_async_awaits_the_result():
 
         outs = asyncio.run(two())
     assert [o.shape for o in outs] == [(1,), (1,)]
+
+
+class SlowPre(EvalTransform):
+    """The eval preset after a fixed delay (a slow decoder)."""
+
+    def from_bytes(self, data: bytes) -> torch.Tensor:
+        time.sleep(0.5)
+        return super().from_bytes(data)
+
+
+@pytest.mark.parametrize("window_from, low, high", [("arrival", 0.45, 0.8), ("ready", 0.95, 3.0)])
+def test_window_starts_at_arrival_or_when_preprocessing_ended(window_from, low, high):
+    model = FakeModel()
+    with make(model, preprocess=SlowPre(32, 40), max_batch=8, max_wait_ms=500, window_from=window_from) as b:
+        t0 = time.perf_counter()
+        b.submit(images(1)[0]).result(5)
+        elapsed = time.perf_counter() - t0
+    # arrival: the 500 ms window runs during the 500 ms decode (max of the two); ready: it starts after it (sum)
+    assert low <= elapsed < high

@@ -109,3 +109,25 @@ def test_overload_is_503_with_retry_after(server):
 def test_unknown_route(server):
     srv, batcher, _ = server
     assert call(srv, "GET", "/nope")[0] == 404
+
+
+def test_metrics_for_a_single_batcher_parse_and_count_requests(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    srv, batcher, _ = server
+    batcher.start()
+    for _ in range(3):
+        assert call(srv, "POST", "/predict", jpeg_bytes(photo(40, 40)))[0] == 200
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=30)
+    conn.request("GET", "/metrics")
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("text/plain; version=0.0.4")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    total = [s for s in families["fastload_stage_seconds"].samples
+             if s.name == "fastload_stage_seconds_count" and s.labels["stage"] == "total"]
+    assert [s.value for s in total] == [3.0]
+    sizes = [s for s in families["fastload_batch_size"].samples if s.name == "fastload_batch_size_count"]
+    assert sizes[0].value >= 1  # at least one batch (the three may have shared batches)
+    assert {s.labels["status"]: s.value for s in families["fastload_http_responses"].samples}["200"] == 3

@@ -1,0 +1,112 @@
+"""Connection plumbing for the HTTP front: overall read deadlines and lingering closes.
+
+Owns: ``DeadlineReader`` (a raw socket reader whose every ``recv`` waits only until one
+overall deadline, so a client dribbling a byte a second cannot hold a connection past
+it), ``Lingerer`` (one thread finishing lingering closes, RFC 9112 §9.6) and
+``raw_response`` (a complete response written by the accept loop itself).
+
+Must not: parse HTTP or know about batching.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import json
+import selectors
+import socket
+import threading
+import time
+from http import HTTPStatus
+from typing import Any
+
+__all__ = ["DeadlineReader", "Lingerer", "raw_response"]
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket reader whose every ``recv`` waits only until one overall deadline."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + 60.0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("read deadline passed")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buf)
+
+
+class Lingerer:
+    """One thread that finishes lingering closes: discard what each socket still receives, then close it.
+
+    A socket closes at EOF, after ``linger_s`` without data, or ``max_s`` after it came
+    here, whichever is first (nginx's ``lingering_timeout`` and ``lingering_time``).
+    """
+
+    def __init__(self, max_s: float = 30.0) -> None:
+        self.max_s = max_s
+        self._sel = selectors.DefaultSelector()
+        self._new: collections.deque[tuple[socket.socket, float]] = collections.deque()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def add(self, sock: socket.socket, linger_s: float) -> None:
+        try:
+            sock.shutdown(socket.SHUT_WR)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            return
+        with self._lock:
+            self._new.append((sock, linger_s))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fastload-linger", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        socks: dict[socket.socket, list[float]] = {}  # sock -> [quiet deadline, hard deadline, linger_s]
+        while True:
+            now = time.monotonic()
+            with self._lock:
+                while self._new:
+                    sock, linger_s = self._new.popleft()
+                    socks[sock] = [now + linger_s, now + self.max_s, linger_s]
+                    self._sel.register(sock, selectors.EVENT_READ)
+                if not socks:
+                    self._thread = None
+                    return
+            for key, _ in self._sel.select(0.05):
+                sock = key.fileobj
+                try:
+                    more = sock.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    more = b""
+                entry = socks[sock]
+                entry[0] = time.monotonic() + entry[2] if more else 0.0
+            now = time.monotonic()
+            for sock in [s for s, (quiet, hard, _) in socks.items() if now >= min(quiet, hard)]:
+                self._sel.unregister(sock)
+                sock.close()
+                del socks[sock]
+
+    def close(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the sockets still lingering to close."""
+        with self._lock:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+def raw_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> bytes:
+    data = json.dumps(body).encode()
+    head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Content-Type: application/json",
+            f"Content-Length: {len(data)}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + data

@@ -1,0 +1,268 @@
+"""Every abuse probe from issue #16 against the HTTP front over loopback, bounded in count and time.
+
+Each probe runs against the front in a thread of this process (fast, default suite) and
+against a real ``fastload serve`` subprocess (``slow``: it pays a process start).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+from fastload.load.transforms import EvalTransform
+from fastload.serve import DynamicBatcher, FrontOptions, Router, make_server, serve_forever
+from fastload.serve.models import SimulatedDevice
+from helpers import jpeg_bomb, jpeg_bytes, photo
+from serving import ServeProcess, call, closed_within, raw, rss_bytes, status_of
+
+LIMITS = dict(header_timeout_s=1.0, body_timeout_s=1.0, idle_timeout_s=1.0, max_connections=8,
+              max_body_bytes=1 << 20, request_timeout_s=5.0, linger_s=1.0)
+CLI_LIMITS = ["--header-timeout", "1", "--body-timeout", "1", "--idle-timeout", "1", "--max-connections", "8",
+              "--max-body-mb", "1", "--request-timeout", "5"]
+
+
+class Front:
+    def __init__(self, port: int, pid: int | None) -> None:
+        self.port, self.pid = port, pid
+
+
+@pytest.fixture(scope="module", params=["thread", pytest.param("process", marks=pytest.mark.slow)])
+def front(request):
+    if request.param == "thread":
+        batcher = DynamicBatcher(SimulatedDevice(2.0, 0.1, num_classes=10), preprocess=EvalTransform(32, 40),
+                                 max_batch=8, max_wait_ms=2, device="cpu", name="cpu")
+        router = Router([batcher]).start()
+        srv = make_server(router, port=0, options=FrontOptions(**LIMITS))
+        thread = serve_forever(srv)
+        yield Front(srv.server_address[1], None)
+        srv.shutdown()
+        thread.join()
+        srv.close_all(2)
+        router.stop(drain=False)
+    else:
+        proc = ServeProcess("--model", "simulated", "--batch-ms", "2+0.1*n", "--num-classes", "10", "--devices",
+                            "cpu", "--size", "32", "--resize", "40", *CLI_LIMITS)
+        yield Front(proc.port, proc.pid)
+        try:
+            assert proc.terminate() == 0
+            assert "Traceback" not in proc.output(), proc.output()
+        finally:
+            proc.kill()
+
+
+def _settle(front: Front, open_allowed: int = 1, timeout: float = 5.0) -> None:
+    """Wait until the front holds no connection from an earlier probe (only the one asking)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, stats, _ = call(front.port, "GET", "/stats")
+        if status == 200 and stats["http"]["connections"] <= open_allowed:
+            return
+        time.sleep(0.1)
+
+
+def _good(front: Front) -> int:
+    return call(front.port, "POST", "/predict", jpeg_bytes(photo(48, 40)))[0]
+
+
+@contextlib.contextmanager
+def own_front(front: Front, **limits):
+    """For the thread variant, a server of its own with ``limits`` (so long timeouts cannot race the probe)."""
+    if front.pid is not None:
+        _settle(front)
+        yield front
+        return
+    batcher = DynamicBatcher(SimulatedDevice(1.0, num_classes=10), preprocess=EvalTransform(32, 40), device="cpu")
+    router = Router([batcher]).start()
+    srv = make_server(router, port=0, options=FrontOptions(**{**LIMITS, **limits}))
+    thread = serve_forever(srv)
+    try:
+        yield Front(srv.server_address[1], None)
+    finally:
+        srv.shutdown()
+        thread.join()
+        srv.close_all(2)
+        router.stop(drain=False)
+
+
+def test_slowloris_headers_are_cut_after_the_header_timeout_and_others_are_served(front):
+    _settle(front)
+    socks = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(5)]
+    stop = threading.Event()
+
+    def dribble():
+        n = 0
+        while not stop.is_set():
+            for s in socks:
+                try:
+                    s.send(b"GET /healthz HTTP/1.1\r\nX-Slow: "[n:n + 1] or b"a")
+                except OSError:
+                    pass
+            n += 1
+            time.sleep(0.2)
+
+    t = threading.Thread(target=dribble, daemon=True)
+    t.start()
+    try:
+        assert _good(front) == 200  # not blocked by the dribblers
+        closed = [closed_within(s, 4.0) for s in socks]
+    finally:
+        stop.set()
+        t.join()
+        for s in socks:
+            s.close()
+    assert all(c is not None for c in closed), closed  # every dribbler cut, ~1 s header timeout
+
+
+def test_slow_body_is_cut_after_the_body_timeout(front):
+    _settle(front)
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: 1000\r\n\r\n")
+        t0 = time.monotonic()
+        got = b""
+        s.settimeout(0.1)
+        while time.monotonic() - t0 < 4.0:
+            try:
+                s.send(b"x")
+                more = s.recv(4096)
+                if not more:
+                    break
+                got += more
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        elapsed = time.monotonic() - t0
+    assert elapsed < 3.5
+    assert got == b"" or status_of(got) == 408
+
+
+def test_idle_keep_alive_connection_is_closed_after_the_idle_timeout(front):
+    _settle(front)
+    with socket.create_connection(("127.0.0.1", front.port)) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(5)
+        assert status_of(s.recv(65536)) == 200
+        took = closed_within(s, 4.0)
+    assert took is not None and 0.5 < took < 4.0
+
+
+def test_connections_over_the_cap_get_503_with_retry_after(front):
+    with own_front(front, header_timeout_s=30.0) as f:
+        held = [socket.create_connection(("127.0.0.1", f.port)) for _ in range(8)]
+        try:
+            time.sleep(0.1)
+            answer = raw(f.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", timeout=3)
+        finally:
+            for s in held:
+                s.close()
+    assert status_of(answer) == 503, answer
+    assert b"Retry-After: 1" in answer and b"max_connections" in answer, answer
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "1e3", "0x10", "+5", "5, 6"])
+def test_bad_content_length_is_400_and_the_connection_closes(front, value):
+    _settle(front)
+    t0 = time.monotonic()
+    answer = raw(front.port, f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+                             f"Content-Length: {value}\r\n\r\nxyz".encode(), timeout=5)
+    assert time.monotonic() - t0 < 3  # answered, not blocked until the client half-closes
+    assert status_of(answer) == 400 and b"Content-Length must be" in answer
+    assert answer.count(b"HTTP/1.1 ") == 1
+
+
+def test_chunked_body_is_refused_and_never_read_as_the_next_request(front):
+    _settle(front)
+    smuggled = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"
+    body = f"{len(smuggled):x}\r\n".encode() + smuggled + b"\r\n0\r\n\r\n"
+    answer = raw(front.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n" + body, timeout=5)
+    assert status_of(answer) == 411 and b"chunked" in answer
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"submitted" not in answer  # /stats was never answered
+
+
+def test_get_with_a_body_never_parses_the_body_as_a_request(front):
+    _settle(front)
+    smuggled = b"GET /stats HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = raw(front.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled)
+                 + smuggled, timeout=5)
+    assert status_of(answer) == 200 and answer.count(b"HTTP/1.1 ") == 1
+
+
+def test_post_without_content_length_is_411(front):
+    _settle(front)
+    answer = raw(front.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\n\r\n", timeout=5)
+    assert status_of(answer) == 411
+
+
+def test_big_body_gets_413_as_a_response_not_a_broken_pipe(front):
+    _settle(front)
+    body = b"\0" * ((100 if front.pid else 8) << 20)  # the issue's 100 MB against the real server; 1 MB limit
+    status, out, headers = call(front.port, "POST", "/predict", body, timeout=20)
+    assert status == 413 and "over the" in out["error"]
+    assert _good(front) == 200
+
+
+def test_pixel_bomb_under_the_bomb_limit_is_refused_from_its_header(front):
+    _settle(front)
+    bomb = jpeg_bomb(13000)  # 169 MP declared, a 2 KB file: under Pillow's bomb limit, over 40 MP
+    before = rss_bytes(front.pid) if front.pid else 0
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: call(front.port, "POST", "/predict", bomb), range(2)))
+    assert time.monotonic() - t0 < 3
+    for status, out, _ in answers:
+        assert status == 400 and "13000x13000" in out["error"] and "budget" in out["error"]
+    if front.pid:
+        assert rss_bytes(front.pid) - before < 100 << 20
+
+
+def test_request_over_the_in_flight_cap_gets_503(tmp_path):
+    model = SimulatedDevice(300.0, num_classes=10)  # slow: requests pile up
+    batcher = DynamicBatcher(model, preprocess=EvalTransform(32, 40), max_batch=1, max_wait_ms=0, max_queue=2,
+                             device="cpu")
+    router = Router([batcher]).start()
+    srv = make_server(router, port=0, options=FrontOptions(**LIMITS))
+    thread = serve_forever(srv)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            codes = sorted(pool.map(lambda _: _good(Front(srv.server_address[1], None)), range(6)))
+    finally:
+        srv.shutdown()
+        thread.join()
+        srv.close_all(2)
+        router.stop(drain=False)
+    assert 503 in codes and 200 in codes
+
+
+def _threads(front: Front) -> int:
+    if front.pid:
+        import psutil
+
+        return psutil.Process(front.pid).num_threads()
+    return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def test_many_idle_keep_alive_connections_hold_at_most_max_connections_threads(front):
+    with own_front(front, idle_timeout_s=30.0) as f:
+        before = _threads(f)
+        socks, codes = [], []
+        try:
+            for _ in range(40):
+                s = socket.create_connection(("127.0.0.1", f.port), timeout=5)
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: the connection stays open
+                socks.append(s)
+            for s in socks:
+                codes.append(status_of(s.recv(65536)))
+            during = _threads(f)
+        finally:
+            for s in socks:
+                s.close()
+    assert codes.count(200) <= 8 and codes.count(503) >= 32 and set(codes) <= {200, 503}
+    # one thread per admitted connection, never one per connection (a process also starts the lingering-close
+    # thread and may start a warm-up/probe helper: 2 more at most)
+    assert during - before <= 8 + (2 if front.pid else 0), (before, during)
