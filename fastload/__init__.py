@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     "CorruptSampleError": "fastload.errors",
     "TooManyCorruptSamplesError": "fastload.errors",
     "RecipeError": "fastload.errors",
+    "ProfileError": "fastload.errors",
     "MissingDependencyError": "fastload.errors",
     "Overloaded": "fastload.errors",
     # pack
@@ -53,6 +54,8 @@ _EXPORTS: dict[str, str] = {
     "StageResult": "fastload.measure.timing",
     "load_recipe": "fastload.measure.recipe",
     "run_recipe": "fastload.measure.recipe",
+    "watch": "fastload.measure.profile",
+    "profile": "fastload.measure.profile",
     # data
     "make_dataset": "fastload.datasets",
     "ensure_default_dataset": "fastload.datasets",

@@ -1,0 +1,243 @@
+"""Per-sample timing inside the dataset, in whichever process runs ``__getitem__``.
+
+Owns: the wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
+wraps of ``PIL.Image.open`` (read: opening the file and parsing its header),
+``Image.load`` / ``Image.convert`` (decode) and torchvision's ``Compose.__call__``
+(transform, timed per transform so ToTensor/Normalize can be told apart), and the
+``samples-rank<R>-<pid>.json`` file each process writes. Time inside ``__getitem__`` that
+none of these saw is "other" (the user's own code: a sleep, a network read, augmentation
+by hand). Only the outermost timed call counts, so a ``convert`` inside a transform is
+transform time.
+
+DataLoader workers are separate processes: forked ones inherit the wraps, spawned ones
+get them from ``_WorkerInit`` (the loader's ``worker_init_fn``, wrapped). Workers end
+with ``os._exit``, so each process rewrites its file every half second and once more
+from a multiprocessing finaliser; the last half second of a killed worker can be lost.
+
+Must not: import torch, PIL or torchvision itself (it wraps what the script imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+_LOCAL = threading.local()
+FLUSH_EVERY_S = 0.5
+
+
+def _rank() -> int:
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else 0
+
+
+def dataset_key(dataset: Any) -> str:
+    cls = type(dataset)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class SampleStats:
+    """Totals per dataset class in this process."""
+
+    def __init__(self) -> None:
+        self.out: Path | None = None
+        self.pid = os.getpid()
+        self.by_dataset: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._last_flush = 0.0
+        self._finaliser = False
+
+    @property
+    def n(self) -> int:
+        return sum(d["n"] for d in self.by_dataset.values())
+
+    def reset(self, out: Path | None) -> None:
+        self.out, self.pid, self.by_dataset, self._finaliser = out, os.getpid(), {}, False
+
+    def add(self, key: str, wall: float, cpu: float, parts: dict[str, float], transforms: dict[str, float]) -> None:
+        if self.pid != os.getpid():  # a forked worker: the parent's totals are not ours
+            self.reset(self.out)
+        with self._lock:
+            d = self.by_dataset.setdefault(key, {"n": 0, "total_s": 0.0, "cpu_s": 0.0, "read_s": 0.0,
+                                                 "decode_s": 0.0, "transform_s": 0.0, "transforms": {}})
+            d["n"] += 1
+            d["total_s"] += wall
+            d["cpu_s"] += cpu
+            for k, v in parts.items():
+                d[k + "_s"] += v
+            for k, v in transforms.items():
+                d["transforms"][k] = d["transforms"].get(k, 0.0) + v
+        now = time.perf_counter()
+        if now - self._last_flush > FLUSH_EVERY_S:
+            self._last_flush = now
+            self.flush()
+        if not self._finaliser:
+            self._finaliser = True
+            try:
+                from multiprocessing import util
+
+                util.Finalize(None, self.flush, exitpriority=100)
+            except Exception:
+                pass
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"pid": self.pid, "rank": _rank(), "by_dataset": json.loads(json.dumps(self.by_dataset))}
+
+    def flush(self) -> None:
+        if self.out is None or not self.by_dataset or self.pid != os.getpid():
+            return
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            path = self.out / f"samples-rank{_rank()}-{self.pid}.json"
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(self.snapshot()))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+
+
+_STATS = SampleStats()
+
+
+def stats() -> SampleStats:
+    return _STATS
+
+
+def _state() -> Any:
+    loc = _LOCAL
+    if not hasattr(loc, "depth"):
+        loc.depth, loc.region, loc.parts, loc.transforms = 0, None, {}, {}
+    return loc
+
+
+def _wrap_getitem(cls: type) -> None:
+    original = cls.__getitem__
+    if getattr(original, "_fastload_profile", False):
+        return
+    key = f"{cls.__module__}.{cls.__qualname__}"
+
+    def __getitem__(self, index):
+        st = _state()
+        if st.depth:
+            return original(self, index)
+        st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return original(self, index)
+        finally:
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            st.depth = 0
+            _STATS.add(key, wall, cpu, st.parts, st.transforms)
+
+    __getitem__._fastload_profile = True  # type: ignore[attr-defined]
+    cls.__getitem__ = __getitem__
+
+
+def _timed(fn, part: str):
+    if getattr(fn, "_fastload_profile", False):
+        return fn
+
+    def inner(*args, **kwargs):
+        st = _state()
+        if not st.depth or st.region is not None:
+            return fn(*args, **kwargs)
+        st.region = part
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            st.region = None
+            st.parts[part] += time.perf_counter() - t0
+
+    inner._fastload_profile = True  # type: ignore[attr-defined]
+    inner.__wrapped__ = fn  # type: ignore[attr-defined]
+    inner.__name__ = getattr(fn, "__name__", "wrapped")
+    inner.__doc__ = getattr(fn, "__doc__", None)
+    return inner
+
+
+def _compose_call(original):
+    if getattr(original, "_fastload_profile", False):
+        return original
+
+    def __call__(self, img):
+        st = _state()
+        if not st.depth or st.region is not None:
+            return original(self, img)
+        for t in self.transforms:  # torchvision.transforms.Compose.__call__, one transform at a time
+            st.region = "transform"
+            t0 = time.perf_counter()
+            try:
+                img = t(img)
+            finally:
+                st.region = None
+                dt = time.perf_counter() - t0
+                st.parts["transform"] += dt
+                name = type(t).__name__
+                st.transforms[name] = st.transforms.get(name, 0.0) + dt
+        return img
+
+    __call__._fastload_profile = True  # type: ignore[attr-defined]
+    return __call__
+
+
+def patch_libraries() -> None:
+    """Wrap PIL and torchvision.transforms where the script has imported them (idempotent)."""
+    image = sys.modules.get("PIL.Image")
+    if image is not None:
+        image.open = _timed(image.open, "read")
+        image.Image.load = _timed(image.Image.load, "decode")
+        image.Image.convert = _timed(image.Image.convert, "decode")
+        try:  # JPEG and PNG files override load() on their ImageFile subclass
+            from PIL import ImageFile
+
+            ImageFile.ImageFile.load = _timed(ImageFile.ImageFile.load, "decode")
+        except ImportError:
+            pass
+    transforms = sys.modules.get("torchvision.transforms.transforms")
+    if transforms is not None:
+        transforms.Compose.__call__ = _compose_call(transforms.Compose.__call__)
+
+
+class _WorkerInit:
+    """The loader's ``worker_init_fn``, preceded by the wraps (spawned workers do not inherit them)."""
+
+    def __init__(self, inner, out: str | None) -> None:
+        self.inner, self.out = inner, out
+
+    def __call__(self, worker_id: int) -> None:
+        import signal
+
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL and getattr(
+                signal.getsignal(signal.SIGTERM), "__module__", "") == "fastload.measure._probe":
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler writes the parent's file
+        if _STATS.pid != os.getpid():
+            _STATS.reset(Path(self.out) if self.out else None)
+        elif self.out and _STATS.out is None:
+            _STATS.out = Path(self.out)
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is not None and hasattr(type(info.dataset), "__getitem__"):
+            _wrap_getitem(type(info.dataset))
+        patch_libraries()
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def prepare_loader(loader: Any, out: Path | None) -> None:
+    """Before a DataLoader starts its workers: wrap its dataset class, PIL, transforms, worker init."""
+    dataset = getattr(loader, "dataset", None)
+    from torch.utils.data import IterableDataset
+
+    if dataset is not None and not isinstance(dataset, IterableDataset) and hasattr(type(dataset), "__getitem__"):
+        _wrap_getitem(type(dataset))
+    patch_libraries()
+    if getattr(loader, "num_workers", 0) and not isinstance(getattr(loader, "worker_init_fn", None), _WorkerInit):
+        loader.worker_init_fn = _WorkerInit(loader.worker_init_fn, str(out) if out else None)
