@@ -174,7 +174,12 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
     for stale in list(out.glob("probe-rank*.json")) + list(out.glob("samples-rank*.json")):
         stale.unlink()
     rc = _run_child(command, _child_env(out, options, None))
-    figs, summary = summarize_dir(out)
+    try:
+        figs, summary = summarize_dir(out)
+    except ProfileError as exc:
+        if rc == 0:
+            raise
+        raise ProfileError(f"{exc}\n(the command exited with status {rc}: see its output above)") from exc
     summary["command"] = list(command)
     summary["exit_status"] = rc
     summary["options"] = {"steps": options.steps, "warmup": options.warmup, "kineto_steps": options.kineto_steps,
