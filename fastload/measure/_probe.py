@@ -317,6 +317,8 @@ class Recorder:
         prof.stop()
         path = (self.out or Path(".")) / f"kineto-rank{self.rank}.json"
         prof.export_chrome_trace(str(path))
+        if hasattr(prof, "wait_for_exports"):  # torch's deferred (CUPTI monitor) export writes the file later
+            prof.wait_for_exports()
         self._kineto_result = gpu_timeline(json.loads(path.read_text()))
         self._kineto_result["trace"] = path.name
         self._kineto_result["track"] = self._kineto_track.key if self._kineto_track else None
@@ -391,6 +393,10 @@ def start(out: Path | None, *, steps: int | None, warmup: int, replay_key: str |
     global _RECORDER
     _RECORDER = Recorder(out, steps=steps, warmup=warmup, replay_key=replay_key, kineto_steps=kineto_steps)
     _samples.stats().reset(out)
+    import multiprocessing
+
+    # a spawned DataLoader worker runs sitecustomize too: it must keep flushing as workers do
+    _samples.stats().main_pid = os.getpid() if multiprocessing.parent_process() is None else None
     if "torch.utils.data.dataloader" in sys.modules:
         _patch_dataloader()
     else:

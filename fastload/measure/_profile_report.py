@@ -208,7 +208,8 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                          "expected_gain": min(cap, T / _predict(best, c, tb, tcpu, cpus))})
         n_after = max(w_now, 1)
         if parts["read"] >= 0.15:
-            recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)", "stage": "lmdb",
+            recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
+                         "stage": "lmdb",
                          "why": f"{parts['read']:.0%} of sample time is opening and reading small files",
                          "expected_gain": gain(tb * (1 - parts["read"]), tcpu * (1 - parts["read"]), n_after)})
         floats = samples["float_transform_share"]
@@ -262,7 +263,8 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{k} {v:.0%}" for k, v in sm["parts"].items()) + f" (on a CPU {sm['cpu_share']:.0%} of it)")
     if s.get("ranks"):
         for r in s["ranks"]:
-            lines.append(f"  rank {r['rank']}: {r['images_per_s']:.1f} images/s, data wait {r['data_wait_fraction']:.0%}")
+            lines.append(f"  rank {r['rank']}: {r['images_per_s']:.1f} images/s, "
+                         f"data wait {r['data_wait_fraction']:.0%}")
     if idle_note:
         lines.append("  * no CUDA: device idle from host clocks (time the step waited for data)")
     for note in s.get("notes", []):

@@ -11,8 +11,9 @@ transform time.
 
 DataLoader workers are separate processes: forked ones inherit the wraps, spawned ones
 get them from ``_WorkerInit`` (the loader's ``worker_init_fn``, wrapped). Workers end
-with ``os._exit``, so each process rewrites its file every half second and once more
-from a multiprocessing finaliser; the last half second of a killed worker can be lost.
+with ``os._exit``, so each worker rewrites its file every 2 s and once more from a
+multiprocessing finaliser (the last 2 s of a killed worker can be lost); the training
+process writes its file at exit only, off the step.
 
 Must not: import torch, PIL or torchvision itself (it wraps what the script imported).
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 _LOCAL = threading.local()
-FLUSH_EVERY_S = 0.5
+FLUSH_EVERY_S = 2.0
 
 
 def _rank() -> int:
@@ -36,9 +37,13 @@ def _rank() -> int:
     return int(value) if value.isdigit() else 0
 
 
+def _class_key(cls: type) -> str:
+    module = "__main__" if cls.__module__ == "__mp_main__" else cls.__module__  # spawned workers' name for it
+    return f"{module}.{cls.__qualname__}"
+
+
 def dataset_key(dataset: Any) -> str:
-    cls = type(dataset)
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return _class_key(type(dataset))
 
 
 class SampleStats:
@@ -51,13 +56,15 @@ class SampleStats:
         self._lock = threading.Lock()
         self._last_flush = 0.0
         self._finaliser = False
+        self.main_pid: int | None = None  # the recorder's process flushes at exit only
+        self._made_dir = False
 
     @property
     def n(self) -> int:
         return sum(d["n"] for d in self.by_dataset.values())
 
     def reset(self, out: Path | None) -> None:
-        self.out, self.pid, self.by_dataset, self._finaliser = out, os.getpid(), {}, False
+        self.out, self.pid, self.by_dataset, self._finaliser, self._made_dir = out, os.getpid(), {}, False, False
 
     def add(self, key: str, wall: float, cpu: float, parts: dict[str, float], transforms: dict[str, float]) -> None:
         if self.pid != os.getpid():  # a forked worker: the parent's totals are not ours
@@ -72,6 +79,8 @@ class SampleStats:
                 d[k + "_s"] += v
             for k, v in transforms.items():
                 d["transforms"][k] = d["transforms"].get(k, 0.0) + v
+        if self.pid == self.main_pid:
+            return
         now = time.perf_counter()
         if now - self._last_flush > FLUSH_EVERY_S:
             self._last_flush = now
@@ -93,7 +102,9 @@ class SampleStats:
         if self.out is None or not self.by_dataset or self.pid != os.getpid():
             return
         try:
-            self.out.mkdir(parents=True, exist_ok=True)
+            if not self._made_dir:
+                self.out.mkdir(parents=True, exist_ok=True)
+                self._made_dir = True
             path = self.out / f"samples-rank{_rank()}-{self.pid}.json"
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text(json.dumps(self.snapshot()))
@@ -120,7 +131,7 @@ def _wrap_getitem(cls: type) -> None:
     original = cls.__getitem__
     if getattr(original, "_fastload_profile", False):
         return
-    key = f"{cls.__module__}.{cls.__qualname__}"
+    key = _class_key(cls)
 
     def __getitem__(self, index):
         st = _state()

@@ -194,9 +194,10 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
         hopts = ProfileOptions(steps=options.steps, warmup=max(1, options.warmup), kineto_steps=0)
         _run_child(command, _child_env(hdir, hopts, summary["loader"]["key"]))
         _, hs = summarize_dir(hdir)
+        measured = summary["images_per_s"]
         summary["headspace"] = {"images_per_s": hs["images_per_s"], "steps": hs["steps"],
                                 "data_wait_fraction": hs["data_wait_fraction"],
-                                "ratio": hs["images_per_s"] / summary["images_per_s"] if summary["images_per_s"] else 0.0,
+                                "ratio": hs["images_per_s"] / measured if measured else 0.0,
                                 "replayed_batches": max(1, min(hopts.warmup, 32))}
     summary["notes"].extend(_write(out, figs, summary, options.tensorboard))
     summary["out"] = str(out)

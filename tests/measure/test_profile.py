@@ -66,7 +66,8 @@ def main():
     dataset = JpegDataset(folder, BATCHES * BATCH * (2 if DDP else 1))
     sampler = torch.utils.data.DistributedSampler(dataset) if DDP else None
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, sampler=sampler,
-                                         shuffle=sampler is None)
+                                         shuffle=sampler is None,
+                                         multiprocessing_context=os.environ.get("MP_CONTEXT") if WORKERS else None)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
     if DDP:
         model = nn.parallel.DistributedDataParallel(model)
@@ -102,11 +103,13 @@ def write_script(tmp_path: Path) -> Path:
     return script
 
 
-def run_cli(args: list[str], env_extra: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_extra)
+def run_cli(args: list[str], env_extra: dict[str, str], timeout: float = 240,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **env_extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env_extra.get("PYTHONPATH")) if p)
     env.pop("FASTLOAD_PROFILE_OUT", None)
     return subprocess.run([sys.executable, "-m", "fastload.cli", "profile", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, cwd=cwd)
 
 
 def profile_script(tmp_path: Path, *, sample_sleep: float, step_sleep: float, workers: int, steps: int = 30,
@@ -207,7 +210,8 @@ def test_killed_script_still_writes_results(tmp_path, sig):
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "profile.json").read_text())
     assert summary["ended"] == ("SIGTERM" if sig == "SIGTERM" else "KeyboardInterrupt")
-    assert summary["steps"] == 13 - 2  # steps 0..12 started, the last ended where the script died
+    # batches 0..12 were taken; step 12 never ended (the script died in it) so 12 steps, 2 of them warm-up
+    assert summary["steps"] == 12 - 2
     assert summary["exit_status"] != 0
 
 
@@ -219,6 +223,27 @@ def test_script_that_ends_early(tmp_path):
     assert "script finished 12" in proc.stdout
     assert summary["steps"] == 12 - 3
     assert summary["other_loaders"] == [{"key": summary["other_loaders"][0]["key"], "steps": 2}]
+
+
+@pytest.mark.slow
+def test_python_dash_m_spawned_workers_and_the_users_sitecustomize(tmp_path):
+    script = write_script(tmp_path)
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text(
+        "import os, pathlib\npathlib.Path(os.environ['MARKER'], str(os.getpid())).touch()\n")
+    (tmp_path / "markers").mkdir()
+    out = tmp_path / "out"
+    proc = run_cli(["--steps", "15", "--warmup", "3", "--out", str(out), "--", sys.executable, "-m", script.stem],
+                   {"SAMPLE_SLEEP": "0.004", "STEP_SLEEP": "0.005", "WORKERS": "2", "MP_CONTEXT": "spawn",
+                    "PYTHONPATH": str(user_site), "MARKER": str(tmp_path / "markers")}, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "profile.json").read_text())
+    assert summary["steps"] == 15 and summary["loader"]["num_workers"] == 2
+    assert summary["samples"]["n"] > 0  # spawned workers were instrumented and wrote their timings
+    assert set(summary["samples"]["transforms"]) == {"ToTensor", "Normalize"}
+    # the user's own sitecustomize still ran: in the script and in both spawned workers
+    assert len(list((tmp_path / "markers").iterdir())) >= 3
 
 
 @pytest.mark.slow
