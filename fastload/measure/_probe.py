@@ -2,9 +2,10 @@
 
 Owns: the patch of ``torch.utils.data.DataLoader.__iter__`` (which covers
 ``fastload.DataLoader``, a subclass), the per-loader step tracks, the headspace replay,
-the Kineto window on CUDA, psutil sampling of the DataLoader worker processes, and the
+the Kineto window on CUDA, and the
 rank file (``probe-rank<R>-<pid>.json``) written at exit, on SIGTERM, on Ctrl-C or when
-``--steps`` is reached. Per-sample timing inside the dataset lives in ``_samples.py``.
+``--steps`` is reached. Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live
+in ``_samples.py``.
 
 A step is one ``next()`` on a loader: it spans from the start of that ``next()`` to the
 start of the following one, so ``data wait`` is the time blocked in ``next()`` and the
@@ -47,6 +48,12 @@ def _rank() -> int:
     return 0
 
 
+def short_path(name: str) -> str:
+    """``name`` relative to the working directory when it is inside it (loader keys read better)."""
+    cwd = os.getcwd()
+    return name[len(cwd) + 1:] if name.startswith(cwd + os.sep) else name
+
+
 def _call_site() -> str:
     """``file:line`` of the first frame outside torch and fastload's measure room: the user's ``for`` line."""
     global _TORCH_DIR
@@ -59,7 +66,7 @@ def _call_site() -> str:
     while frame is not None:
         name = frame.f_code.co_filename
         if not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith(fastload_load)):
-            return f"{name}:{frame.f_lineno}"
+            return f"{short_path(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
 
@@ -184,53 +191,6 @@ class _TimedIter:
         return batch
 
 
-class _WorkerSampler:
-    """CPU seconds of each DataLoader worker pid (psutil), first and last reading, every 0.25 s."""
-
-    def __init__(self) -> None:
-        self.readings: dict[int, list[float]] = {}  # pid -> [t_first, cpu_first, t_last, cpu_last]
-        self._pids: set[int] = set()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def watch(self, pids: set[int]) -> None:
-        with self._lock:
-            self._pids |= pids
-        self._read()
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="fastload-profile-psutil", daemon=True)
-            self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            import psutil
-        except ImportError:
-            return
-        with self._lock:
-            pids = list(self._pids)
-        for pid in pids:
-            try:
-                times = psutil.Process(pid).cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                with self._lock:
-                    self._pids.discard(pid)
-                continue
-            now, cpu = time.perf_counter(), times.user + times.system
-            row = self.readings.setdefault(pid, [now, cpu, now, cpu])
-            row[2], row[3] = now, cpu
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            self._read()
-
-    def stop(self) -> dict[str, dict[str, float]]:
-        self._stop.set()
-        self._read()
-        return {str(pid): {"cpu_s": r[3] - r[1], "wall_s": r[2] - r[0]} for pid, r in self.readings.items()
-                if r[2] > r[0]}
-
-
 class Recorder:
     """All tracks of this process, and when to stop. One per process (``recorder()``)."""
 
@@ -240,7 +200,7 @@ class Recorder:
         self.replay_key, self.replay_batches = replay_key, max(1, min(warmup, 32))
         self.kineto_steps = kineto_steps
         self.tracks: dict[int, Track] = {}
-        self.sampler = _WorkerSampler()
+        self.sampler = _samples.WorkerSampler()
         self.pid, self.rank = os.getpid(), _rank()
         self.started = time.time()
         self.ended: str | None = None

@@ -1,6 +1,7 @@
 """Per-sample timing inside the dataset, in whichever process runs ``__getitem__``.
 
-Owns: the wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
+Owns: psutil readings of each DataLoader worker's CPU time (``WorkerSampler``), the
+wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
 wraps of ``PIL.Image.open`` (read: opening the file and parsing its header),
 ``Image.load`` / ``Image.convert`` (decode) and torchvision's ``Compose.__call__``
 (transform, timed per transform so ToTensor/Normalize can be told apart), and the
@@ -15,7 +16,8 @@ with ``os._exit``, so each worker rewrites its file every 2 s and once more from
 multiprocessing finaliser (the last 2 s of a killed worker can be lost); the training
 process writes its file at exit only, off the step.
 
-Must not: import torch, PIL or torchvision itself (it wraps what the script imported).
+Must not: import torch, PIL or torchvision at module level, nor import PIL or torchvision
+at all (it wraps what the script imported).
 """
 
 from __future__ import annotations
@@ -252,3 +254,50 @@ def prepare_loader(loader: Any, out: Path | None) -> None:
     patch_libraries()
     if getattr(loader, "num_workers", 0) and not isinstance(getattr(loader, "worker_init_fn", None), _WorkerInit):
         loader.worker_init_fn = _WorkerInit(loader.worker_init_fn, str(out) if out else None)
+
+
+class WorkerSampler:
+    """CPU seconds of each DataLoader worker pid (psutil), first and last reading, every 0.25 s."""
+
+    def __init__(self) -> None:
+        self.readings: dict[int, list[float]] = {}  # pid -> [t_first, cpu_first, t_last, cpu_last]
+        self._pids: set[int] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def watch(self, pids: set[int]) -> None:
+        with self._lock:
+            self._pids |= pids
+        self._read()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="fastload-profile-psutil", daemon=True)
+            self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            return
+        with self._lock:
+            pids = list(self._pids)
+        for pid in pids:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                with self._lock:
+                    self._pids.discard(pid)
+                continue
+            now, cpu = time.perf_counter(), times.user + times.system
+            row = self.readings.setdefault(pid, [now, cpu, now, cpu])
+            row[2], row[3] = now, cpu
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self._read()
+
+    def stop(self) -> dict[str, dict[str, float]]:
+        self._stop.set()
+        self._read()
+        return {str(pid): {"cpu_s": r[3] - r[1], "wall_s": r[2] - r[0]} for pid, r in self.readings.items()
+                if r[2] > r[0]}

@@ -244,7 +244,7 @@ def watch(loader: Iterable) -> Iterable:
     import sys
 
     frame = sys._getframe(1)
-    return _Watched(loader, f"{type(loader).__name__}@{frame.f_code.co_filename}:{frame.f_lineno}")
+    return _Watched(loader, f"{type(loader).__name__}@{_probe.short_path(frame.f_code.co_filename)}:{frame.f_lineno}")
 
 
 class Profile:
