@@ -163,9 +163,9 @@ class _TimedIter:
 
     def __next__(self) -> Any:
         rec, track = self._rec, self._track
+        track.call_started(time.perf_counter())
+        rec.before_call(track)  # may start/stop the Kineto window: that time belongs to no step
         t0 = time.perf_counter()
-        track.call_started(t0)
-        rec.before_call(track)
         try:
             with rec.annotate():
                 batch = self._next_batch()

@@ -50,14 +50,15 @@ def read_files(out: Path) -> tuple[dict[int, dict], dict[int, list[dict]]]:
 
 
 def _sample_figures(files: list[dict], dataset: str | None) -> dict[str, Any] | None:
-    total: dict[str, Any] = {"n": 0, "total_s": 0.0, "cpu_s": 0.0, "read_s": 0.0, "decode_s": 0.0,
-                             "transform_s": 0.0, "transforms": {}}
+    keys = ("n", "total_s", "cpu_s", "read_s", "decode_s", "transform_s", "runqueue_s", "runqueue_wall_s")
+    total: dict[str, Any] = {k: 0 for k in keys}
+    total["transforms"] = {}
     for f in files:
         d = f["by_dataset"].get(dataset or "")
         if d is None:
             continue
-        for k in ("n", "total_s", "cpu_s", "read_s", "decode_s", "transform_s"):
-            total[k] += d[k]
+        for k in keys:
+            total[k] += d.get(k, 0.0)
         for k, v in d["transforms"].items():
             total["transforms"][k] = total["transforms"].get(k, 0.0) + v
     if not total["n"] or total["total_s"] <= 0:
@@ -66,7 +67,11 @@ def _sample_figures(files: list[dict], dataset: str | None) -> dict[str, Any] | 
     parts = {k: total[k + "_s"] / s for k in ("read", "decode", "transform")}
     parts["other"] = max(0.0, 1.0 - sum(parts.values()))
     floats = sum(v for k, v in total["transforms"].items() if k in FLOAT_TRANSFORMS) / s
-    return {"n": total["n"], "per_sample_ms": s / total["n"] * 1e3, "cpu_share": min(1.0, total["cpu_s"] / s),
+    cpu_share = min(1.0, total["cpu_s"] / s)
+    rq = total["runqueue_s"] / total["runqueue_wall_s"] if total["runqueue_wall_s"] > 0 else None
+    return {"n": total["n"], "per_sample_ms": s / total["n"] * 1e3, "cpu_share": cpu_share,
+            "runqueue_share": None if rq is None else min(1.0 - cpu_share, rq),
+            "blocked_share": max(0.0, 1.0 - cpu_share - (rq or 0.0)),
             "parts": parts, "float_transform_share": floats,
             "transforms": {k: v / s for k, v in sorted(total["transforms"].items(), key=lambda kv: -kv[1])}}
 
@@ -188,7 +193,11 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         if w_now and util is not None:
             details.insert(0, f"workers are {'CPU-saturated' if saturated else 'not CPU-bound'} "
                               f"({w_now} workers on {cpus} usable CPUs, {util:.0%} CPU each)")
-        io_bound = share < 0.5
+        rq = samples.get("runqueue_share")
+        starved = rq is not None and rq >= 0.25
+        if starved:
+            details.append(f"samples waited for a CPU {rq:.0%} of their time: the machine is oversubscribed")
+        io_bound = not starved and samples.get("blocked_share", 1.0 - share) >= 0.5
         if tcpu / cpus >= c:
             best = max(w_now, plan_workers)
         elif io_bound:
@@ -202,8 +211,8 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                    f"{w_now} workers deliver a batch every {tb / w_now * 1e3:.0f} ms; the step needs one every "
                    f"{c * 1e3:.0f} ms")
             if io_bound and best > plan_workers:
-                why += (f"; samples spend {1 - share:.0%} of their time off the CPU (waiting), so workers beyond the "
-                        f"{cpus} CPUs overlap the waiting")
+                why += (f"; samples spend {samples.get('blocked_share', 1 - share):.0%} of their time blocked "
+                        f"(I/O, sleep), so workers beyond the {cpus} CPUs overlap the waiting")
             recs.append({"change": change, "stage": "workers", "why": why,
                          "expected_gain": min(cap, T / _predict(best, c, tb, tcpu, cpus))})
         n_after = max(w_now, 1)
@@ -260,7 +269,9 @@ def format_summary(s: dict[str, Any]) -> str:
     sm = s["samples"]
     if sm:
         lines.append(f"  sample {sm['per_sample_ms']:.2f} ms each: " + ", ".join(
-            f"{k} {v:.0%}" for k, v in sm["parts"].items()) + f" (on a CPU {sm['cpu_share']:.0%} of it)")
+            f"{k} {v:.0%}" for k, v in sm["parts"].items()) + f"; on a CPU {sm['cpu_share']:.0%}"
+            + ("" if sm.get("runqueue_share") is None else f", waiting for a CPU {sm['runqueue_share']:.0%}")
+            + f", blocked {sm['blocked_share']:.0%}")
     if s.get("ranks"):
         for r in s["ranks"]:
             lines.append(f"  rank {r['rank']}: {r['images_per_s']:.1f} images/s, "

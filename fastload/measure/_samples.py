@@ -5,7 +5,9 @@ wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
 wraps of ``PIL.Image.open`` (read: opening the file and parsing its header),
 ``Image.load`` / ``Image.convert`` (decode) and torchvision's ``Compose.__call__``
 (transform, timed per transform so ToTensor/Normalize can be told apart), and the
-``samples-rank<R>-<pid>.json`` file each process writes. Time inside ``__getitem__`` that
+``samples-rank<R>-<pid>.json`` file each process writes. Every 8th sample also reads the
+thread's run-queue wait (``/proc/thread-self/schedstat``), which tells time waiting for a
+CPU (an oversubscribed machine) from time blocked (I/O, sleep). Time inside ``__getitem__`` that
 none of these saw is "other" (the user's own code: a sleep, a network read, augmentation
 by hand). Only the outermost timed call counts, so a ``convert`` inside a transform is
 transform time.
@@ -32,6 +34,7 @@ from typing import Any
 
 _LOCAL = threading.local()
 FLUSH_EVERY_S = 2.0
+SCHED_EVERY = 8  #: read the run-queue wait on every 8th sample (a /proc read costs a few microseconds)
 
 
 def _rank() -> int:
@@ -68,13 +71,18 @@ class SampleStats:
     def reset(self, out: Path | None) -> None:
         self.out, self.pid, self.by_dataset, self._finaliser, self._made_dir = out, os.getpid(), {}, False, False
 
-    def add(self, key: str, wall: float, cpu: float, parts: dict[str, float], transforms: dict[str, float]) -> None:
+    def add(self, key: str, wall: float, cpu: float, parts: dict[str, float], transforms: dict[str, float],
+            runqueue: tuple[float, float] | None = None) -> None:
         if self.pid != os.getpid():  # a forked worker: the parent's totals are not ours
             self.reset(self.out)
         with self._lock:
             d = self.by_dataset.setdefault(key, {"n": 0, "total_s": 0.0, "cpu_s": 0.0, "read_s": 0.0,
-                                                 "decode_s": 0.0, "transform_s": 0.0, "transforms": {}})
+                                                 "decode_s": 0.0, "transform_s": 0.0, "transforms": {},
+                                                 "runqueue_s": 0.0, "runqueue_wall_s": 0.0})
             d["n"] += 1
+            if runqueue is not None:
+                d["runqueue_s"] += runqueue[0]
+                d["runqueue_wall_s"] += runqueue[1]
             d["total_s"] += wall
             d["cpu_s"] += cpu
             for k, v in parts.items():
@@ -129,6 +137,23 @@ def _state() -> Any:
     return loc
 
 
+def _runqueue_s() -> float | None:
+    """Seconds this thread has spent runnable but waiting for a CPU (Linux ``schedstat``), or None."""
+    st = _state()
+    if getattr(st, "sched_pid", None) != os.getpid():  # /proc/thread-self names the thread that opened it
+        st.sched_pid = os.getpid()
+        try:
+            st.sched_fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            st.sched_fd = None
+    if st.sched_fd is None:
+        return None
+    try:
+        return int(os.pread(st.sched_fd, 96, 0).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _wrap_getitem(cls: type) -> None:
     original = cls.__getitem__
     if getattr(original, "_fastload_profile", False):
@@ -140,13 +165,19 @@ def _wrap_getitem(cls: type) -> None:
         if st.depth:
             return original(self, index)
         st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
+        st.count = getattr(st, "count", 0) + 1
+        q0 = _runqueue_s() if st.count % SCHED_EVERY == 0 else None
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return original(self, index)
         finally:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            rq = None
+            if q0 is not None:
+                q1 = _runqueue_s()
+                rq = None if q1 is None else (q1 - q0, wall)
             st.depth = 0
-            _STATS.add(key, wall, cpu, st.parts, st.transforms)
+            _STATS.add(key, wall, cpu, st.parts, st.transforms, rq)
 
     __getitem__._fastload_profile = True  # type: ignore[attr-defined]
     cls.__getitem__ = __getitem__

@@ -161,8 +161,9 @@ def test_data_bound_in_the_main_process(tmp_path):
 
 
 def test_compute_bound_with_two_workers(tmp_path):
-    # 2 workers x (4 samples x 2 ms) = a batch every 4 ms, a 40 ms step: truth 0
-    summary, proc = profile_script(tmp_path, sample_sleep=0.002, step_sleep=0.040, workers=2, steps=25)
+    # 2 workers x (4 samples x 2 ms) = a batch every 4 ms, a 100 ms step: truth 0 (plus the batch's trip
+    # through the worker queue, ~2 ms on an idle 2-core machine)
+    summary, proc = profile_script(tmp_path, sample_sleep=0.002, step_sleep=0.100, workers=2, steps=20)
     assert summary["data_wait_fraction"] < 0.07, summary["data_wait_fraction"]
     assert summary["verdict"].startswith("compute-bound")
     assert "faster loading will not help" in summary["verdict"]
@@ -183,7 +184,8 @@ def test_data_bound_with_two_workers(tmp_path):
     assert summary["verdict"].startswith("input-bound")
     assert "not CPU-bound" in summary["verdict"]
     top = summary["recommendations"][0]
-    # the samples mostly sleep (off-CPU): more workers than CPUs overlap the waiting
+    # the samples mostly sleep (blocked, not waiting for a CPU): more workers than CPUs overlap the waiting
+    assert summary["samples"]["blocked_share"] > 0.5
     assert top["stage"] == "workers"
     assert int(top["change"].split("=")[1].split()[0].strip('"')) > 2
     check_files(tmp_path / "out")
@@ -383,6 +385,15 @@ def test_recommendations_follow_the_measurement():
     # barely waiting: compute-bound
     verdict, recs = recommend(_summary(0.04, 3, 30.0, 0.95, parts), plan_workers=3, has_gpu=True)
     assert verdict.startswith("compute-bound") and recs[0]["expected_gain"] == pytest.approx(1 / 0.96)
+    # samples that mostly sleep: workers beyond the 4 CPUs, as many as keep up with the step
+    io = _summary(0.5, 2, 20.0, 0.1, {"read": 0.0, "decode": 0.05, "transform": 0.05, "other": 0.9})
+    io["samples"].update(runqueue_share=0.05, blocked_share=0.85)
+    _, recs = recommend(io, plan_workers=3, has_gpu=False)
+    assert recs[0]["change"] == "num_workers=4"  # 8 x 20 ms = 160 ms per batch, a 50 ms step: ceil(3.2)
+    # the same off-CPU time spent waiting for a CPU (oversubscribed machine): no workers beyond the CPUs
+    io["samples"].update(runqueue_share=0.8, blocked_share=0.05)
+    verdict, recs = recommend(io, plan_workers=3, has_gpu=False)
+    assert "oversubscribed" in verdict and recs[0]["change"] == 'num_workers="auto" (-> 3)'
     # the loader in the main process, CPU-bound samples: auto workers
     _, recs = recommend(_summary(0.5, 0, 6.0, 0.9, {"read": 0.0, "decode": 0.1, "transform": 0.1, "other": 0.8}),
                         plan_workers=3, has_gpu=False)
