@@ -152,8 +152,8 @@ def _write(out: Path, figs: list[dict], summary: dict[str, Any], tensorboard: Pa
         notes.append(note)
     if tensorboard is not None:
         report.write_tensorboard(figs, tensorboard)
-    summary["files"] = sorted(p.name for p in out.iterdir() if p.suffix in (".json", ".png")
-                              and not p.name.startswith(("probe-", "samples-")))
+    summary["files"] = sorted({p.name for p in out.iterdir() if p.suffix in (".json", ".png")
+                               and not p.name.startswith(("probe-", "samples-"))} | {"profile.json"})
     (out / "profile.json").write_text(json.dumps(summary, indent=1))
     return notes
 
