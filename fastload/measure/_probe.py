@@ -38,6 +38,7 @@ ENV_REPLAY = "FASTLOAD_PROFILE_REPLAY"
 ENV_KINETO = "FASTLOAD_PROFILE_KINETO_STEPS"
 
 _HERE = str(Path(__file__).resolve().parent)
+MAX_EVENT_STEPS = 20_000  #: hand-off CUDA event pairs kept per loader
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's loop
 
 
@@ -126,6 +127,19 @@ class Track:
         self.pinned: bool | None = None
         self.worker_pids: set[int] = set()
         self.cache: list[Any] = []  # headspace: the first batches, replayed
+        self.events: list[tuple[int, Any, Any]] = []  # (step, CUDA event before next(), after it)
+
+    def event_idle(self) -> list[list[float]]:
+        """Per step ``[step, GPU idle seconds during its next()]`` from the hand-off events.
+
+        The event recorded as ``next()`` starts completes when the GPU has finished the
+        work queued before it; the one recorded as ``next()`` returns completes at once if
+        the queue is empty. The time between them on the GPU is the GPU idle the wait caused.
+        """
+        import torch
+
+        torch.cuda.synchronize()
+        return [[i, max(0.0, a.elapsed_time(b) / 1e3)] for i, a, b in self.events]
 
     def call_started(self, t: float) -> None:
         if self.pending is not None:
@@ -165,6 +179,7 @@ class _TimedIter:
         rec, track = self._rec, self._track
         track.call_started(time.perf_counter())
         rec.before_call(track)  # may start/stop the Kineto window: that time belongs to no step
+        before = rec.cuda_event()
         t0 = time.perf_counter()
         try:
             with rec.annotate():
@@ -173,6 +188,8 @@ class _TimedIter:
             rec.after_call(track)
             raise
         track.got(t0, time.perf_counter(), batch)
+        if before is not None and len(track.events) < MAX_EVENT_STEPS:
+            track.events.append((len(track.steps), before, rec.cuda_event()))
         return batch
 
     def _next_batch(self) -> Any:
@@ -209,6 +226,7 @@ class Recorder:
         self._kineto_track: Track | None = None
         self._kineto_result: dict[str, Any] | None = None
         self._lock = threading.Lock()
+        self._cuda = False
         self.active = True
 
     # -- tracks ---------------------------------------------------------------------------
@@ -252,6 +270,19 @@ class Recorder:
 
     def after_call(self, track: Track) -> None:
         track.call_started(time.perf_counter())
+
+    def cuda_event(self) -> Any:
+        """A CUDA event recorded on the current stream now, or None without CUDA work in this process."""
+        if not self._cuda:
+            torch = sys.modules.get("torch")
+            if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return None
+            self._cuda = True
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
     # -- Kineto window (CUDA only) --------------------------------------------------------
     def _start_kineto(self, track: Track) -> None:
@@ -303,7 +334,8 @@ class Recorder:
             "warmup": self.warmup, "steps_limit": self.steps_limit, "headspace": self.replay_key is not None,
             "training": None if training is None else training.key,
             "tracks": [{"key": t.key, "kind": t.kind, "meta": t.meta, "steps": t.steps, "batch_bytes": t.batch_bytes,
-                        "pinned": t.pinned, "worker_pids": sorted(t.worker_pids)} for t in self.tracks.values()],
+                        "pinned": t.pinned, "worker_pids": sorted(t.worker_pids), "event_idle": _event_idle(t)}
+                       for t in self.tracks.values()],
             "worker_cpu": self.sampler.stop(),
             "kineto": self._kineto_result,
         }
@@ -328,6 +360,15 @@ class Recorder:
         os.replace(tmp, path)
         self.written = path
         return path
+
+
+def _event_idle(track: Track) -> list[list[float]] | None:
+    if not track.events:
+        return None
+    try:
+        return track.event_idle()
+    except Exception:  # CUDA already torn down at exit: the host figures still stand
+        return None
 
 
 class _Null:

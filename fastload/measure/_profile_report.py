@@ -121,9 +121,17 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
         "cpus": probe["cpus"], "cuda": probe["cuda"], "notes": notes,
         "timeline": [[s[0] - steps[0][0], s[1], s[2]] for s in steps] if steps else [],
     }
+    events = track.get("event_idle")
+    if events:
+        first = len(track["steps"]) - len(steps)  # index of the first measured step
+        idle = sum(v for i, v in events if i >= first and i < len(track["steps"]))
+        fig["event_input_bound_idle_fraction"] = idle / wall if wall > 0 else 0.0
     if kineto and "gpu_idle_fraction" in kineto:
         fig.update(gpu_idle_fraction=kineto["gpu_idle_fraction"], idle_source="cuda",
                    input_bound_idle_fraction=kineto["input_bound_idle_fraction"], kineto=kineto)
+    elif events:  # CUDA without a Kineto window: the hand-off events see the idle the waits caused, not the rest
+        fig.update(gpu_idle_fraction=fig["event_input_bound_idle_fraction"], idle_source="cuda-events",
+                   input_bound_idle_fraction=fig["event_input_bound_idle_fraction"], kineto=kineto)
     else:
         fig.update(gpu_idle_fraction=wait_fraction, idle_source="host-clock", input_bound_idle_fraction=wait_fraction,
                    kineto=kineto)
@@ -152,7 +160,7 @@ def _predict(n: int, c: float, tb: float, tcpu: float, cpus: int) -> float:
 def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[str, list[dict[str, Any]]]:
     """The verdict and the ranked ``{change, why, expected_gain, stage}`` list for a summary."""
     wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
-    cuda = s["idle_source"] == "cuda"
+    cuda = s["idle_source"] in ("cuda", "cuda-events")
     where = (f"the GPU was idle {idle:.0%} of measured time, {bound * 100:.0f} points of it while the training loop "
              "waited for the DataLoader" if cuda else
              f"the training loop waited for data {wait:.0%} of measured time (no CUDA timeline: host clocks; the "
@@ -251,9 +259,10 @@ def format_summary(s: dict[str, Any]) -> str:
     """What ``fastload profile`` prints."""
     lines = [f"fastload profile: {s['steps']} steps after {s['warmup']} warm-up, {s['images_per_s']:.1f} images/s"
              + (f" over {s['world_size']} ranks" if s["world_size"] > 1 else "")
-             + ("" if s["idle_source"] == "cuda" else " (no CUDA: host clocks)")]
+             + {"cuda": "", "cuda-events": " (GPU idle from CUDA events at the hand-off; no Kineto window)"}.get(
+                 s["idle_source"], " (no CUDA: host clocks)")]
     p = s["percentiles_ms"]
-    idle_note = "" if s["idle_source"] == "cuda" else "*"
+    idle_note = "*" if s["idle_source"] == "host-clock" else ""
     lines.append(f"  data wait {s['data_wait_fraction']:.0%} of step time (p50 {p['data_wait']['p50']:.1f} ms, "
                  f"step p50 {p['step']['p50']:.1f} ms); GPU idle {s['gpu_idle_fraction']:.0%}{idle_note}, "
                  f"input-bound idle {s['input_bound_idle_fraction']:.0%}{idle_note}")

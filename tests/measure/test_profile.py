@@ -435,6 +435,8 @@ def test_kineto_idle_on_a_constructed_kernel_workload(tmp_path):
     assert s["kineto"]["steps"] == 20 and s["kineto"]["gpu_events"] >= 20 * reps
     truth = s["data_wait_fraction"]  # the GPU had nothing to do exactly while the host waited
     assert 0.3 < truth < 0.7
+    # the hand-off CUDA events (every measured step, not only the Kineto window) see the same idle
+    assert abs(s["event_input_bound_idle_fraction"] - truth) < 0.07
     assert abs(s["gpu_idle_fraction"] - truth) < 0.07, (s["gpu_idle_fraction"], truth)
     assert abs(s["input_bound_idle_fraction"] - truth) < 0.07
     assert (tmp_path / "p" / "kineto-rank0.json").exists()
@@ -456,4 +458,11 @@ def test_kineto_compute_bound_kernel_workload(tmp_path):
     s = p.summary()
     assert s["idle_source"] == "cuda"
     assert s["gpu_idle_fraction"] < 0.1 and s["input_bound_idle_fraction"] < 0.05
+    assert s["event_input_bound_idle_fraction"] < 0.05
     assert s["verdict"].startswith("compute-bound")
+    # without the Kineto window the hand-off events still give the input-bound idle
+    with fastload.profile(out=tmp_path / "q", warmup=5, kineto_steps=0) as q:
+        for _ in fastload.watch(batches):
+            for _ in range(20):
+                a @ a
+    assert q.summary()["idle_source"] == "cuda-events" and q.summary()["input_bound_idle_fraction"] < 0.05
