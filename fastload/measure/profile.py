@@ -39,6 +39,7 @@ __all__ = ["ProfileOptions", "run_profile", "watch", "profile", "Profile", "summ
            "INJECT_DIR"]
 
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
+GRACE_S = 5.0  #: after Ctrl-C, how long the child may take to write its results before it is interrupted
 format_summary = report.format_summary
 
 
@@ -103,14 +104,19 @@ def _run_child(command: Sequence[str], env: dict[str, str]) -> int:
                            "e.g. fastload profile -- python train.py") from exc
     except PermissionError as exc:
         raise ProfileError(f"cannot run {command[0]!r}: {exc}") from exc
-    interrupts = 0
+    interrupts, timeout = 0, None
     while True:
         try:
-            return proc.wait()
-        except KeyboardInterrupt:  # Ctrl-C reached the child too; let it write its results
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:  # Ctrl-C reached only us (kill -INT): pass it on, once
+            proc.send_signal(signal.SIGINT)
+            timeout = None
+        except KeyboardInterrupt:
+            # A terminal's Ctrl-C reaches the whole process group: the child is already writing
+            # its results. Give it GRACE_S before passing the interrupt on; a third one kills it.
             interrupts += 1
             if interrupts == 1:
-                proc.send_signal(signal.SIGINT)
+                timeout = GRACE_S
             elif interrupts >= 3:
                 proc.kill()
 

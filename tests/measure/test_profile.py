@@ -218,6 +218,29 @@ def test_killed_script_still_writes_results(tmp_path, sig):
 
 
 @pytest.mark.slow
+def test_ctrl_c_on_the_command_still_writes_results(tmp_path):
+    import signal
+    import time
+
+    script = write_script(tmp_path)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(REPO), SAMPLE_SLEEP="0.002", STEP_SLEEP="0.01", WORKERS="2")
+    proc = subprocess.Popen([sys.executable, "-m", "fastload.cli", "profile", "--steps", "100000", "--warmup", "2",
+                             "--out", str(out), "--", sys.executable, str(script)], env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(out.glob("samples-rank0-*.json")) and time.monotonic() < deadline:  # workers flush every 2 s
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    summary = json.loads((out / "profile.json").read_text())
+    assert summary["ended"] == "KeyboardInterrupt" and summary["steps"] > 10
+    assert "verdict:" in stdout
+
+
+@pytest.mark.slow
 def test_script_that_ends_early(tmp_path):
     summary, proc = profile_script(tmp_path, sample_sleep=0.002, step_sleep=0.005, workers=0, steps=200,
                                    env={"BATCHES": "12"})
