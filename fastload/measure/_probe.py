@@ -442,11 +442,8 @@ class _PostImport:
             return None
         import importlib.util
 
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            pass
+        sys.meta_path.remove(self)  # once, and so that the lookup below finds the real module
+        spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec
         loader, fn = spec.loader, self.fn

@@ -13,7 +13,10 @@ own ``sitecustomize`` if there is one, then the probe (``_probe.py``) patches
 ``torch.utils.data.DataLoader.__iter__`` when torch's dataloader module is imported. No
 user file is edited. The GPU timeline on CUDA comes from ``torch.profiler`` (Kineto) for a
 window of steps: a maintained tracer that sees every kernel and copy of the process,
-which CUDA events around our own code cannot. Interval arithmetic: ``_kineto.py``; the
+which CUDA events around our own code cannot; two CUDA events per step at the hand-off
+(as ``next()`` starts and returns) add the idle each wait caused, on every step.
+psutil reads the workers' CPU time (portable across Linux/macOS, where ``/proc`` parsing
+by hand would not be); without it the worker CPU figures are left out. Interval arithmetic: ``_kineto.py``; the
 verdict and gain model: ``_profile_report.py``.
 
 Must not: edit the user's files, import torch at import time, or print (the CLI prints).
