@@ -14,8 +14,10 @@ transform time.
 
 DataLoader workers are separate processes: forked ones inherit the wraps, spawned ones
 get them from ``_WorkerInit`` (the loader's ``worker_init_fn``, wrapped). Workers end
-with ``os._exit``, so each worker rewrites its file every 2 s and once more from a
-multiprocessing finaliser (the last 2 s of a killed worker can be lost); the training
+with ``os._exit``, so each worker rewrites its file every 2 s (and after its 1st, 2nd,
+4th, 8th... sample, so short runs and persistent workers that outlive the measurement are
+seen) and once more from a multiprocessing finaliser (the last 2 s of a killed worker can
+be lost); the training
 process writes its file at exit only, off the step.
 
 Must not: import torch, PIL or torchvision at module level, nor import PIL or torchvision
@@ -92,7 +94,8 @@ class SampleStats:
         if self.pid == self.main_pid:
             return
         now = time.perf_counter()
-        if now - self._last_flush > FLUSH_EVERY_S:
+        n = self.by_dataset[key]["n"]
+        if now - self._last_flush > FLUSH_EVERY_S or n & (n - 1) == 0:  # and at n = 1, 2, 4, 8, ...
             self._last_flush = now
             self.flush()
         if not self._finaliser:

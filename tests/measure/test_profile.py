@@ -339,6 +339,33 @@ def test_profile_context_patches_dataloader(tmp_path):
     assert list(loader)[0].shape == (4, 1)  # after the block: the plain loader again
 
 
+def test_fastload_dataloader_with_persistent_workers_over_two_epochs(tmp_path):
+    import time
+
+    import torch
+
+    import fastload
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            time.sleep(0.002)
+            return torch.tensor([i])
+
+    loader = fastload.DataLoader(Slow(), batch_size=4, num_workers=2, persistent_workers=True, main_threads=None)
+    with fastload.profile(out=tmp_path / "p", warmup=2) as p:
+        seen = [b for _ in range(2) for b in loader]
+    assert sorted(torch.cat(seen).flatten().tolist()) == sorted(list(range(40)) * 2)
+    s = p.summary()
+    assert s["steps"] == 2 * 10 - 2  # both epochs, one training loader
+    assert s["loader"]["class"] == "fastload.load.loader.DataLoader" and s["loader"]["num_workers"] == 2
+    assert s["loader"]["persistent_workers"] is True
+    assert s["samples"]["n"] >= 2  # the workers are still alive: their early flushes were read
+    del loader
+
+
 def test_summary_before_end_is_an_error(tmp_path):
     import fastload
 
