@@ -72,42 +72,6 @@ def _call_site() -> str:
     return "?"
 
 
-def _nbytes(obj: Any, depth: int = 0) -> tuple[int, bool | None]:
-    """Bytes of every tensor / array in a batch, and whether the first tensor is pinned."""
-    if depth > 4:
-        return 0, None
-    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
-        pinned = None
-        if getattr(obj, "device", None) is not None and obj.device.type == "cpu":
-            try:
-                pinned = bool(obj.is_pinned())
-            except RuntimeError:
-                pinned = False
-        return obj.element_size() * obj.nelement(), pinned
-    if hasattr(obj, "nbytes") and hasattr(obj, "dtype"):
-        return int(obj.nbytes), None
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    total, pinned = 0, None
-    for x in items:
-        n, p = _nbytes(x, depth + 1)
-        total += n
-        pinned = p if pinned is None else pinned
-    return total, pinned
-
-
-def _batch_len(obj: Any) -> int:
-    first = obj
-    for _ in range(4):
-        if isinstance(first, dict) and first:
-            first = next(iter(first.values()))
-        elif isinstance(first, (list, tuple)) and first:
-            first = first[0]
-        else:
-            break
-    shape = getattr(first, "shape", None)
-    return int(shape[0]) if shape is not None and len(shape) > 0 else 1
-
-
 class Track:
     """Every ``next()`` on one loader (all its epochs), in ``perf_counter`` seconds."""
 
@@ -149,8 +113,8 @@ class Track:
 
     def got(self, start: float, end: float, batch: Any) -> None:
         if self.batch_bytes is None:
-            self.batch_bytes, self.pinned = _nbytes(batch)
-        self.pending = [start, end - start, float(_batch_len(batch))]
+            self.batch_bytes, self.pinned = _samples.batch_nbytes(batch)
+        self.pending = [start, end - start, float(_samples.batch_len(batch))]
 
 
 class _TimedIter:

@@ -1,6 +1,7 @@
 """Per-sample timing inside the dataset, in whichever process runs ``__getitem__``.
 
-Owns: psutil readings of each DataLoader worker's CPU time (``WorkerSampler``), the
+Owns: the size of a batch (tensor bytes, pinned or not, length), psutil readings of
+each DataLoader worker's CPU time (``WorkerSampler``), the
 wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
 wraps of ``PIL.Image.open`` (read: opening the file and parsing its header),
 ``Image.load`` / ``Image.convert`` (decode) and torchvision's ``Compose.__call__``
@@ -335,3 +336,39 @@ class WorkerSampler:
         self._read()
         return {str(pid): {"cpu_s": r[3] - r[1], "wall_s": r[2] - r[0]} for pid, r in self.readings.items()
                 if r[2] > r[0]}
+
+
+def batch_nbytes(obj: Any, depth: int = 0) -> tuple[int, bool | None]:
+    """Bytes of every tensor / array in a batch, and whether the first tensor is pinned."""
+    if depth > 4:
+        return 0, None
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
+        pinned = None
+        if getattr(obj, "device", None) is not None and obj.device.type == "cpu":
+            try:
+                pinned = bool(obj.is_pinned())
+            except RuntimeError:
+                pinned = False
+        return obj.element_size() * obj.nelement(), pinned
+    if hasattr(obj, "nbytes") and hasattr(obj, "dtype"):
+        return int(obj.nbytes), None
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    total, pinned = 0, None
+    for x in items:
+        n, p = batch_nbytes(x, depth + 1)
+        total += n
+        pinned = p if pinned is None else pinned
+    return total, pinned
+
+
+def batch_len(obj: Any) -> int:
+    first = obj
+    for _ in range(4):
+        if isinstance(first, dict) and first:
+            first = next(iter(first.values()))
+        elif isinstance(first, (list, tuple)) and first:
+            first = first[0]
+        else:
+            break
+    shape = getattr(first, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) > 0 else 1
