@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "CorruptSampleError": "fastload.errors",
     "TooManyCorruptSamplesError": "fastload.errors",
     "RecipeError": "fastload.errors",
+    "ProfileError": "fastload.errors",
     "MissingDependencyError": "fastload.errors",
     "WorkerStartError": "fastload.errors",
     "SharedMemoryError": "fastload.errors",
@@ -68,6 +69,8 @@ _EXPORTS: dict[str, str] = {
     "Router": "fastload.serve.replicas",
     "ServeOptions": "fastload.serve.app",
     "run_server": "fastload.serve.app",
+    "watch": "fastload.measure.profile",
+    "profile": "fastload.measure.profile",
     # data
     "make_dataset": "fastload.datasets",
     "ensure_default_dataset": "fastload.datasets",

@@ -15,6 +15,7 @@
     ├── CorruptSampleError             one sample failed to decode; names store, index and relative path
     ├── TooManyCorruptSamplesError     on_error="skip" met too many failures in a row
     ├── RecipeError                    a recipe file is invalid; names the field and the valid choices
+    ├── ProfileError                   `fastload profile` cannot run the command or it ran no loader steps
     ├── MissingDependencyError         an optional extra is not installed; says which pip command fixes it
     ├── WorkerStartError               loader worker processes could not start (e.g. no __main__ guard)
     ├── SharedMemoryError              /dev/shm is too small for the DataLoader workers' batches in flight
@@ -45,6 +46,7 @@ __all__ = [
     "CorruptSampleError",
     "TooManyCorruptSamplesError",
     "RecipeError",
+    "ProfileError",
     "MissingDependencyError",
     "WorkerStartError",
     "SharedMemoryError",
@@ -124,6 +126,10 @@ class TooManyCorruptSamplesError(FastloadError, RuntimeError):
 
 class RecipeError(FastloadError, ValueError):
     """A recipe is invalid. The message names the field and the valid choices."""
+
+
+class ProfileError(FastloadError):
+    """``fastload profile`` / ``fastload.profile()`` could not measure: no command, or no loader steps."""
 
 
 class MissingDependencyError(FastloadError, ImportError):

@@ -1,0 +1,468 @@
+"""The recorder that runs *inside* the profiled process: per-step data wait on every loader.
+
+Owns: the patch of ``torch.utils.data.DataLoader.__iter__`` (which covers
+``fastload.DataLoader``, a subclass), the per-loader step tracks, the headspace replay,
+the Kineto window on CUDA, and the
+rank file (``probe-rank<R>-<pid>.json``) written at exit, on SIGTERM, on Ctrl-C or when
+``--steps`` is reached. Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live
+in ``_samples.py``.
+
+A step is one ``next()`` on a loader: it spans from the start of that ``next()`` to the
+start of the following one, so ``data wait`` is the time blocked in ``next()`` and the
+rest of the span is the training step's own work. The last batch of an iterator ends
+where ``next()`` raised ``StopIteration``; a loop left with ``break`` loses its last step.
+
+Must not: import torch at import time (``sitecustomize`` imports this module in every
+Python process the command starts, torchrun's launcher included), analyse or print
+(``_profile_report.py`` does).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fastload.measure import _samples
+
+ENV_OUT = "FASTLOAD_PROFILE_OUT"
+ENV_STEPS = "FASTLOAD_PROFILE_STEPS"
+ENV_WARMUP = "FASTLOAD_PROFILE_WARMUP"
+ENV_REPLAY = "FASTLOAD_PROFILE_REPLAY"
+ENV_KINETO = "FASTLOAD_PROFILE_KINETO_STEPS"
+
+_HERE = str(Path(__file__).resolve().parent)
+MAX_EVENT_STEPS = 20_000  #: hand-off CUDA event pairs kept per loader
+_TORCH_DIR = None  # set on first use: frames inside torch are not the user's loop
+
+
+def _rank() -> int:
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
+def short_path(name: str) -> str:
+    """``name`` relative to the working directory when it is inside it (loader keys read better)."""
+    cwd = os.getcwd()
+    return name[len(cwd) + 1:] if name.startswith(cwd + os.sep) else name
+
+
+def _call_site() -> str:
+    """``file:line`` of the first frame outside torch and fastload's measure room: the user's ``for`` line."""
+    global _TORCH_DIR
+    if _TORCH_DIR is None:
+        import torch
+
+        _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+    frame = sys._getframe(2)
+    fastload_load = str(Path(_HERE).parent / "load")
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith(fastload_load)):
+            return f"{short_path(name)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+class Track:
+    """Every ``next()`` on one loader (all its epochs), in ``perf_counter`` seconds."""
+
+    def __init__(self, key: str, loader: Any, index: int) -> None:
+        self.key, self.index = key, index
+        self.kind = type(loader).__name__
+        self.meta: dict[str, Any] = {"class": f"{type(loader).__module__}.{type(loader).__qualname__}"}
+        for attr in ("num_workers", "pin_memory", "prefetch_factor", "batch_size", "persistent_workers"):
+            value = getattr(loader, attr, None)
+            if value is None or isinstance(value, (bool, int, float, str)):
+                self.meta[attr] = value
+        dataset = getattr(loader, "dataset", None)
+        self.meta["dataset"] = None if dataset is None else _samples.dataset_key(dataset)
+        self.steps: list[list[float]] = []  # [start, wait, total, images]
+        self.pending: list[float] | None = None  # the last batch, until the next call starts
+        self.batch_bytes: int | None = None
+        self.pinned: bool | None = None
+        self.worker_pids: set[int] = set()
+        self.cache: list[Any] = []  # headspace: the first batches, replayed
+        self.events: list[tuple[int, Any, Any]] = []  # (step, CUDA event before next(), after it)
+
+    def event_idle(self) -> list[list[float]]:
+        """Per step ``[step, GPU idle seconds during its next()]`` from the hand-off events.
+
+        The event recorded as ``next()`` starts completes when the GPU has finished the
+        work queued before it; the one recorded as ``next()`` returns completes at once if
+        the queue is empty. The time between them on the GPU is the GPU idle the wait caused.
+        """
+        import torch
+
+        torch.cuda.synchronize()
+        return [[i, max(0.0, a.elapsed_time(b) / 1e3)] for i, a, b in self.events]
+
+    def call_started(self, t: float) -> None:
+        if self.pending is not None:
+            start, wait, images = self.pending
+            self.steps.append([start, wait, t - start, images])
+            self.pending = None
+
+    def got(self, start: float, end: float, batch: Any) -> None:
+        if self.batch_bytes is None:
+            self.batch_bytes, self.pinned = _samples.batch_nbytes(batch)
+        self.pending = [start, end - start, float(_samples.batch_len(batch))]
+
+
+class _TimedIter:
+    """Wraps one loader iterator: times each ``next()``; in headspace mode, replays cached batches."""
+
+    def __init__(self, inner: Any, track: Track, recorder: Recorder, length: int | None) -> None:
+        self._inner, self._track, self._rec = inner, track, recorder
+        self._length, self._served = length, 0
+        self._replay = recorder.replay_key is not None and recorder.replay_key == track.key
+        workers = getattr(inner, "_workers", None) or ()
+        pids = {w.pid for w in workers if getattr(w, "pid", None)}
+        if pids:
+            track.worker_pids |= pids
+            recorder.sampler.watch(pids)
+
+    def __iter__(self) -> _TimedIter:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __next__(self) -> Any:
+        rec, track = self._rec, self._track
+        track.call_started(time.perf_counter())
+        rec.before_call(track)  # may start/stop the Kineto window: that time belongs to no step
+        before = rec.cuda_event()
+        t0 = time.perf_counter()
+        try:
+            with rec.annotate():
+                batch = self._next_batch()
+        except StopIteration:
+            rec.after_call(track)
+            raise
+        track.got(t0, time.perf_counter(), batch)
+        if before is not None and len(track.events) < MAX_EVENT_STEPS:
+            track.events.append((len(track.steps), before, rec.cuda_event()))
+        return batch
+
+    def _next_batch(self) -> Any:
+        track = self._track
+        if self._replay and len(track.cache) >= self._rec.replay_batches:
+            if self._length is not None and self._served >= self._length:
+                raise StopIteration
+            if self._inner is not None:  # stop the real loader's workers: from here on memory serves
+                self._inner = None
+            batch = track.cache[self._served % len(track.cache)]
+        else:
+            batch = next(self._inner)
+            if self._replay:
+                track.cache.append(batch)
+        self._served += 1
+        return batch
+
+
+class Recorder:
+    """All tracks of this process, and when to stop. One per process (``recorder()``)."""
+
+    def __init__(self, out: Path | None, *, steps: int | None, warmup: int, replay_key: str | None = None,
+                 kineto_steps: int = 0) -> None:
+        self.out, self.steps_limit, self.warmup = out, steps, warmup
+        self.replay_key, self.replay_batches = replay_key, max(1, min(warmup, 32))
+        self.kineto_steps = kineto_steps
+        self.tracks: dict[int, Track] = {}
+        self.sampler = _samples.WorkerSampler()
+        self.pid, self.rank = os.getpid(), _rank()
+        self.started = time.time()
+        self.ended: str | None = None
+        self.written: Path | None = None
+        self._kineto: Any = None
+        self._kineto_track: Track | None = None
+        self._kineto_result: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._cuda = False
+        self.active = True
+
+    # -- tracks ---------------------------------------------------------------------------
+    def track_for(self, loader: Any, key: str | None = None) -> Track:
+        with self._lock:
+            track = self.tracks.get(id(loader))
+            if track is None:
+                track = Track(key or f"{type(loader).__name__}@{_call_site()}", loader, len(self.tracks))
+                self.tracks[id(loader)] = track
+            return track
+
+    def wrap(self, loader: Any, iterator: Any, key: str | None = None) -> _TimedIter:
+        try:
+            length = len(loader)
+        except TypeError:
+            length = None
+        return _TimedIter(iterator, self.track_for(loader, key), self, length)
+
+    def training_track(self) -> Track | None:
+        tracks = [t for t in self.tracks.values() if t.steps]
+        return max(tracks, key=lambda t: (len(t.steps), -t.index)) if tracks else None
+
+    # -- per call -------------------------------------------------------------------------
+    def annotate(self):
+        if self._kineto is None:
+            return _NULL
+        from torch.profiler import record_function
+
+        return record_function("fastload.data_wait")
+
+    def before_call(self, track: Track) -> None:
+        done = len(track.steps)
+        if self.kineto_steps and self._kineto is None and self._kineto_result is None and done == self.warmup:
+            self._start_kineto(track)
+        elif self._kineto is not None and track is self._kineto_track and done >= self.warmup + self.kineto_steps:
+            self._stop_kineto()
+        if self.steps_limit is not None and done >= self.warmup + self.steps_limit:
+            self.ended = "steps"
+            self.finish()
+            raise SystemExit(0)
+
+    def after_call(self, track: Track) -> None:
+        track.call_started(time.perf_counter())
+
+    def cuda_event(self) -> Any:
+        """A CUDA event recorded on the current stream now, or None without CUDA work in this process."""
+        if not self._cuda:
+            torch = sys.modules.get("torch")
+            if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return None
+            self._cuda = True
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    # -- Kineto window (CUDA only) --------------------------------------------------------
+    def _start_kineto(self, track: Track) -> None:
+        import torch
+
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            self._kineto_result = {"skipped": "no CUDA work in this process"}
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        self._kineto = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        self._kineto.start()
+        self._kineto_track = track
+
+    def _stop_kineto(self) -> None:
+        from torch.profiler import record_function
+
+        from fastload.measure._kineto import gpu_timeline
+
+        prof, self._kineto = self._kineto, None
+        with record_function("fastload.window_end"):
+            pass
+        prof.stop()
+        path = (self.out or Path(".")) / f"kineto-rank{self.rank}.json"
+        prof.export_chrome_trace(str(path))
+        if hasattr(prof, "wait_for_exports"):  # torch's deferred (CUPTI monitor) export writes the file later
+            prof.wait_for_exports()
+        self._kineto_result = gpu_timeline(json.loads(path.read_text()))
+        self._kineto_result["trace"] = path.name
+        self._kineto_result["track"] = self._kineto_track.key if self._kineto_track else None
+
+    # -- results --------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        from fastload.system import cpu_budget
+
+        cuda = None
+        if "torch" in sys.modules:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                cuda = {"device": torch.cuda.get_device_name(), "count": torch.cuda.device_count()}
+        training = self.training_track()
+        return {
+            "rank": self.rank, "pid": self.pid, "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
+            "cpus": asdict(cpu_budget()), "cuda": cuda, "ended": self.ended or "exit",
+            "warmup": self.warmup, "steps_limit": self.steps_limit, "headspace": self.replay_key is not None,
+            "training": None if training is None else training.key,
+            "tracks": [{"key": t.key, "kind": t.kind, "meta": t.meta, "steps": t.steps, "batch_bytes": t.batch_bytes,
+                        "pinned": t.pinned, "worker_pids": sorted(t.worker_pids), "event_idle": _event_idle(t)}
+                       for t in self.tracks.values()],
+            "worker_cpu": self.sampler.stop(),
+            "kineto": self._kineto_result,
+        }
+
+    def finish(self) -> Path | None:
+        """Write the rank file once (no-op when nothing was iterated or already written)."""
+        with self._lock:
+            if self.written is not None or not self.active:
+                return self.written
+            self.active = False
+        if self._kineto is not None:
+            try:
+                self._stop_kineto()
+            except Exception as exc:  # a half-finished window must not lose the host figures
+                self._kineto_result = {"skipped": f"Kineto window not completed: {exc}"}
+        if not any(t.steps or t.pending for t in self.tracks.values()) or self.out is None:
+            return None
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = self.out / f"probe-rank{self.rank}-{self.pid}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot()))
+        os.replace(tmp, path)
+        self.written = path
+        return path
+
+
+def _event_idle(track: Track) -> list[list[float]] | None:
+    if not track.events:
+        return None
+    try:
+        return track.event_idle()
+    except Exception:  # CUDA already torn down at exit: the host figures still stand
+        return None
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NULL = _Null()
+_RECORDER: Recorder | None = None
+_SUPPRESS = threading.local()
+
+
+def recorder() -> Recorder | None:
+    return _RECORDER
+
+
+def start(out: Path | None, *, steps: int | None, warmup: int, replay_key: str | None = None,
+          kineto_steps: int = 0) -> Recorder:
+    """Make this process's recorder current and patch the DataLoader (idempotent)."""
+    global _RECORDER
+    _RECORDER = Recorder(out, steps=steps, warmup=warmup, replay_key=replay_key, kineto_steps=kineto_steps)
+    _samples.stats().reset(out)
+    import multiprocessing
+
+    # a spawned DataLoader worker runs sitecustomize too: it must keep flushing as workers do
+    _samples.stats().main_pid = os.getpid() if multiprocessing.parent_process() is None else None
+    if "torch.utils.data.dataloader" in sys.modules:
+        _patch_dataloader()
+    else:
+        _on_import("torch.utils.data.dataloader", _patch_dataloader)
+    return _RECORDER
+
+
+def stop() -> Recorder | None:
+    global _RECORDER
+    rec, _RECORDER = _RECORDER, None
+    return rec
+
+
+def _patch_dataloader(*_: Any) -> None:
+    from torch.utils.data import dataloader as dl
+
+    cls = dl.DataLoader
+    if getattr(cls.__iter__, "_fastload_profile", False):
+        return
+    original = cls.__iter__
+
+    def __iter__(self):
+        rec = _RECORDER
+        if rec is None or not rec.active or getattr(_SUPPRESS, "on", False):
+            return original(self)
+        _samples.prepare_loader(self, rec.out)
+        return rec.wrap(self, original(self))
+
+    __iter__._fastload_profile = True  # type: ignore[attr-defined]
+    __iter__._fastload_original = original  # type: ignore[attr-defined]
+    cls.__iter__ = __iter__
+
+
+class _PostImport:
+    """A meta-path hook that calls ``fn`` once module ``name`` has been executed (patch torch lazily)."""
+
+    def __init__(self, name: str, fn) -> None:
+        self.name, self.fn = name, fn
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # once, and so that the lookup below finds the real module
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, fn = spec.loader, self.fn
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            fn(module)
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+def _on_import(name: str, fn) -> None:
+    sys.meta_path.insert(0, _PostImport(name, fn))
+
+
+def install_from_env() -> Recorder | None:
+    """What ``sitecustomize`` calls: a recorder configured by ``FASTLOAD_PROFILE_*``, results written at exit."""
+    out = os.environ.get(ENV_OUT)
+    if not out:
+        return None
+    steps = os.environ.get(ENV_STEPS)
+    rec = start(Path(out), steps=int(steps) if steps else None, warmup=int(os.environ.get(ENV_WARMUP, "5")),
+                replay_key=os.environ.get(ENV_REPLAY) or None, kineto_steps=int(os.environ.get(ENV_KINETO, "0")))
+    atexit.register(_at_exit)
+    previous_hook = sys.excepthook
+
+    def excepthook(kind, value, tb):  # the script died of an exception (Ctrl-C included): say which
+        if rec.ended is None:
+            rec.ended = kind.__name__
+        previous_hook(kind, value, tb)
+
+    sys.excepthook = excepthook
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    return rec
+
+
+def _on_sigterm(signum, frame):
+    rec = _RECORDER
+    if rec is not None and rec.pid == os.getpid():
+        rec.ended = "SIGTERM"
+        raise SystemExit(128 + signum)
+    signal.signal(signum, signal.SIG_DFL)  # a forked child that inherited the handler: die as usual
+    os.kill(os.getpid(), signum)
+
+
+def _at_exit() -> None:
+    rec = _RECORDER
+    if rec is None or rec.pid != os.getpid():
+        return
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the file in half
+    except ValueError:
+        pass
+    rec.finish()
+    _samples.stats().flush()
