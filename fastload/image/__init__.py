@@ -1,2 +1,3 @@
-"""Bytes to pixels, one policy for every room: ``policy.py`` (reference decode, sniffing,
-the bomb limit, what may be stored as-is) and ``fast.py`` (the fast CPU decoders)."""
+"""Bytes to pixels, one policy for every room: ``formats.py`` (recognising bytes, raw records),
+``damage.py`` (damaged or odd), ``policy.py`` (reference decode, the bomb limit, what is
+stored as-is) and ``fast.py`` (the fast CPU decoders, thread-safe)."""

@@ -1,10 +1,11 @@
 """The image policy: what bytes are stored, and what RGB image any bytes stand for.
 
-Owns: recognising formats (``sniff``, ``is_jpeg``: the one magic-byte check), the
-decompression-bomb limit (``check_pixels``: the one pixel check), the reference decode
-(Pillow, strict: the RGB image a user sees), the structural checks that tell a damaged
-file from an odd one (``png_damage``, ``jpeg_damage``), and the rule that decides whether
-a file's original bytes are stored as-is or canonicalised (``prepare``).
+Owns: the decompression-bomb limit (``check_pixels``: the one pixel check), the reference
+decode (Pillow, strict: the RGB image a user sees), the rule that decides whether a file's
+original bytes are stored as-is or canonicalised (``prepare``), and reading source files
+safely (``read_source_file``). Beside it: ``formats.py`` recognises bytes (``sniff``,
+``is_jpeg``: the one magic-byte check) and ``damage.py`` holds the structural checks that
+tell a damaged file from an odd one (``png_damage``, ``jpeg_damage``).
 
 This is the ``image/`` room, below ``store/``, ``pack/`` and ``load/``: conversion uses it to
 decide what to store, ``fast.py`` falls back to it, and every reader turns its
@@ -53,15 +54,20 @@ from __future__ import annotations
 import io
 import os
 import stat
-import struct
 import warnings
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from fastload.errors import CorruptSampleError
+from fastload.image.damage import DROP_BAD_CHUNKS, jpeg_damage, png_damage, png_without_bad_chunks
+from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, raw_header, sniff
+
+__all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
+           "AUTO_RAW_MAX_PIXELS", "is_jpeg", "sniff", "jpeg_frame", "raw_header", "encode_raw", "check_pixels",
+           "open_image", "to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
+           "jpeg_damage", "prepare", "read_source_file", "prepare_file", "sample_error"]
 
 #: Pillow's own hard limit (2 × ``Image.MAX_IMAGE_PIXELS``): nothing Pillow accepts is refused.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485
@@ -73,37 +79,6 @@ AUTO_RAW_MAX_PIXELS = 256 * 256
 ENCODING_CHOICES = ("jpeg", "raw", "auto")
 
 _JPEG_OK_SOF = {0xC0, 0xC1, 0xC2}  # baseline, extended sequential, progressive (Huffman)
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
-_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
-# libjpeg-turbo warnings that mean the pixels are not all there or not what was encoded
-_JPEG_DAMAGE = ("premature end", "huffman", "corrupt jpeg data: bad", "invalid", "truncated", "unexpected marker")
-
-
-def encode_raw(rgb: np.ndarray) -> bytes:
-    """Raw pixels as a binary PPM (P6, 8-bit RGB): no decode to read, and every decoder here reads PPM."""
-    h, w = rgb.shape[:2]
-    return b"P6\n%d %d\n255\n" % (w, h) + np.ascontiguousarray(rgb, dtype=np.uint8).tobytes()
-
-
-def raw_header(data: bytes) -> tuple[int, int, int] | None:
-    """``(height, width, offset of the pixels)`` of a record written by ``encode_raw``, else None."""
-    if data[:3] != b"P6\n":
-        return None
-    end = data.find(b"\n255\n", 3, 40)
-    if end < 0:
-        return None
-    try:
-        w, h = (int(v) for v in data[3:end].split(b" "))
-    except ValueError:
-        return None
-    off = end + 5
-    return (h, w, off) if len(data) == off + 3 * w * h else None
-
-
-class BadImage(Exception):
-    """A file that is not a usable image; ``str()`` is the reason shown to users."""
 
 
 @dataclass(frozen=True)
@@ -118,29 +93,6 @@ class Prepared:
     height: int
 
 
-def is_jpeg(data: bytes) -> bool:
-    return data[:3] == b"\xff\xd8\xff"
-
-
-def sniff(data: bytes) -> str | None:
-    """The format of ``data`` from its magic bytes, or None."""
-    if is_jpeg(data):
-        return "jpeg"
-    if data[:8] == _PNG_SIGNATURE:
-        return "png"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if data[:2] == b"BM":
-        return "bmp"
-    if data[:4] in (b"II*\x00", b"MM\x00*"):
-        return "tiff"
-    if len(data) > 2 and data[0:1] == b"P" and data[1:2] in b"123456" and data[2:3].isspace():
-        return "pnm"
-    return None
-
-
 def check_pixels(width: int, height: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
     """Refuse decompression bombs before any decoder allocates for them."""
     if width <= 0 or height <= 0:
@@ -150,29 +102,6 @@ def check_pixels(width: int, height: int, max_pixels: int = DEFAULT_MAX_PIXELS) 
             f"decompression bomb: {width}x{height} = {width * height:,} pixels is over the limit of "
             f"{max_pixels:,} (raise it with --max-pixels if the image is genuine)"
         )
-
-
-def jpeg_frame(data: bytes) -> tuple[int, int, int] | None:
-    """(SOF marker, sample precision, components) of a JPEG, from its marker segments."""
-    pos = 2
-    n = len(data)
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            pos += 2
-            continue
-        (length,) = struct.unpack(">H", data[pos + 2:pos + 4])
-        if marker in _JPEG_SOF and pos + 10 <= n:
-            return marker, data[pos + 4], data[pos + 9]
-        if marker == 0xDA:  # start of scan before any frame header
-            return None
-        pos += 2 + length
-    return None
 
 
 def _orientation(img: Image.Image) -> int:
@@ -254,161 +183,6 @@ def decode_reference(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Im
 def decode_rgb(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """Reference decode: ``data`` → HWC uint8 RGB array (writable), as a user would see it."""
     return np.array(decode_reference(data, max_pixels=max_pixels))
-
-
-# ---- damage checks ---------------------------------------------------------------------------
-
-
-def png_damage(data: bytes) -> list[str]:
-    """Check a PNG's structure and image data stream.
-
-    Returns:
-        Reasons it is odd but intact (empty when it is clean).
-
-    Raises:
-        BadImage: the image data is damaged or incomplete.
-    """
-    odd: list[str] = []
-    pos, n = 8, len(data)
-    header = None
-    idat: list[bytes] = []
-    seen_iend = after_idat = False
-    while pos < n:
-        if pos + 8 > n:
-            break
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        end = pos + 12 + length
-        if length > 0x7FFFFFFF or end > n:
-            if kind == b"IDAT" or not after_idat:
-                raise BadImage(f"damaged PNG: cut short inside its {kind.decode('latin-1')!r} chunk "
-                               "(the image data is incomplete)")
-            odd.append(f"PNG cut short after its image data (inside {kind.decode('latin-1')!r})")
-            break
-        body = data[pos + 8:pos + 8 + length]
-        (crc,) = struct.unpack(">I", data[pos + 8 + length:end])
-        if zlib.crc32(kind + body) != crc:
-            odd.append(f"PNG chunk {kind.decode('latin-1')!r} has a bad CRC")
-            if kind[:1].islower():  # ancillary: Pillow refuses the file, the pixels do not need it
-                odd.append(_DROP)
-        if kind == b"IHDR":
-            if length != 13:
-                raise BadImage("damaged PNG: its IHDR chunk is not 13 bytes")
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            if after_idat:
-                raise BadImage("damaged PNG: its IDAT chunks are not consecutive")
-            idat.append(body)
-        elif idat:
-            after_idat = True
-        if kind == b"IEND":
-            seen_iend = True
-            break
-        pos = end
-    if header is None:
-        raise BadImage("damaged PNG: no IHDR chunk")
-    if not idat:
-        raise BadImage("damaged PNG: no image data (IDAT)")
-    if not seen_iend and not any("cut short" in o for o in odd):
-        odd.append("PNG without an IEND chunk")
-    width, height, depth, colour, _, _, interlace = header
-    if colour not in _PNG_CHANNELS or depth not in (1, 2, 4, 8, 16):
-        raise BadImage(f"damaged PNG: invalid colour type {colour} / bit depth {depth}")
-    bits = _PNG_CHANNELS[colour] * depth
-    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
-    rows: list[tuple[int, int]] = []  # (row count, bytes per row incl. the filter byte) per pass
-    for x0, y0, dx, dy in passes:
-        pw, ph = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
-        if pw > 0 and ph > 0:
-            rows.append((ph, 1 + (pw * bits + 7) // 8))
-    expected = sum(r * b for r, b in rows)
-    raw = _inflate(b"".join(idat), expected)
-    if len(raw.data) != expected:
-        raise BadImage(f"damaged PNG: its image data holds {len(raw.data):,} bytes, the header needs {expected:,}")
-    if raw.extra:
-        odd.append("PNG with extra data after its image stream")
-    off = 0
-    for count, step in rows:
-        filters = np.frombuffer(raw.data, dtype=np.uint8, count=count * step, offset=off)[::step]
-        if filters.size and int(filters.max()) > 4:
-            raise BadImage(f"damaged PNG: bad row filter value {int(filters.max())} (the image data is corrupt)")
-        off += count * step
-    return odd
-
-
-_DROP = "drop ancillary chunks with bad CRCs"
-
-
-def png_without_bad_chunks(data: bytes) -> bytes:
-    """The PNG with its ancillary chunks whose CRC is wrong left out (they carry no pixels)."""
-    out, pos = [data[:8]], 8
-    while pos + 12 <= len(data):
-        (length,) = struct.unpack(">I", data[pos:pos + 4])
-        end = pos + 12 + length
-        if end > len(data):
-            break
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
-        bad = zlib.crc32(kind + body) != struct.unpack(">I", data[end - 4:end])[0]
-        if not (bad and kind[:1].islower()):
-            out.append(data[pos:end])
-        pos = end
-    out.append(data[pos:])
-    return b"".join(out)
-
-
-@dataclass
-class _Inflated:
-    data: bytes
-    extra: bool
-
-
-def _inflate(stream: bytes, expected: int) -> _Inflated:
-    d = zlib.decompressobj()
-    try:
-        out = d.decompress(stream, expected + 1)
-        if not d.eof and len(out) <= expected:
-            out += d.flush()
-    except zlib.error as exc:
-        raise BadImage(f"damaged PNG: its image data does not inflate ({exc})") from None
-    if not d.eof:
-        if len(out) > expected:
-            raise BadImage("damaged PNG: its image data is longer than the header says")
-        raise BadImage("damaged PNG: its image data stream ends early (the file was cut or corrupted)")
-    return _Inflated(out, bool(d.unused_data.strip(b"\0")))
-
-
-def jpeg_damage(data: bytes) -> tuple[list[str], np.ndarray | None]:
-    """Decode a JPEG with libjpeg-turbo in strict mode.
-
-    Returns:
-        ``(odd reasons, RGB pixels or None)``: pixels when libjpeg-turbo decoded it to RGB
-        without a warning; reasons when it is odd but intact.
-
-    Raises:
-        BadImage: scan data ends early, the end of image is missing, or the entropy-coded
-            data is corrupt.
-    """
-    import simplejpeg
-
-    frame = jpeg_frame(data)
-    colorspace = "CMYK" if frame is not None and frame[2] == 4 else "RGB"
-    try:
-        arr = simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True)
-    except ValueError as exc:
-        msg = str(exc)
-        low = msg.lower()
-        if "extraneous bytes" in low:
-            return [f"JPEG with extraneous bytes ({msg})"], None
-        if "unsupported" in low or "not supported" in low:
-            return [], None  # libjpeg-turbo's TurboJPEG API cannot decode it: Pillow decides
-        if "premature end of jpeg file" in low:
-            raise BadImage(f"damaged JPEG: truncated, the file ends before its image data does ({msg})") from None
-        if "premature end of data segment" in low:
-            raise BadImage(f"damaged JPEG: its scan data ends early, the file was cut and possibly "
-                           f"'repaired' ({msg})") from None
-        if any(word in low for word in _JPEG_DAMAGE) or "corrupt" in low:
-            raise BadImage(f"damaged JPEG: {msg}") from None
-        return [f"JPEG libjpeg-turbo warns about ({msg})"], None
-    return [], (arr if colorspace == "RGB" else None)
 
 
 # ---- what to store ---------------------------------------------------------------------------
@@ -493,8 +267,8 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
     source = data
     if kind == "png":
         odd = png_damage(data)
-        if _DROP in odd:
-            odd.remove(_DROP)
+        if DROP_BAD_CHUNKS in odd:
+            odd.remove(DROP_BAD_CHUNKS)
             source = png_without_bad_chunks(data)
     elif kind == "jpeg":
         odd, fast = jpeg_damage(data)
