@@ -33,7 +33,7 @@ __all__ = ["DecodeBench", "DecodeBenchOptions", "bench_decode"]
 
 #: (row, what it is compared with) in print order.
 PAIRS = (("region", "full+crop"), ("simplejpeg", "pillow"), ("resize torch", "resize pillow"),
-         ("resize torch", "resize opencv"), ("preset", "torchvision"))
+         ("resize torch", "resize opencv"), ("preset", "torchvision"), ("crc32", "preset"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,6 +103,7 @@ def _methods(blobs: list[bytes], boxes: list[tuple[int, int, int, int]], size: i
              ) -> dict[str, Callable[[int], object] | str]:
     """Each method as ``f(k)`` working on image ``k``, or the reason it cannot run."""
     import io
+    import zlib
 
     import numpy as np
     import torch
@@ -153,6 +154,7 @@ def _methods(blobs: list[bytes], boxes: list[tuple[int, int, int, int]], size: i
         "resize pillow": resize_pillow,
         "preset": lambda k: tf.from_bytes(blobs[k]),
         "torchvision": torchvision_preset,
+        "crc32": lambda k: zlib.crc32(blobs[k]),  # the checksum every store read verifies
     }
     try:
         import cv2

@@ -163,8 +163,9 @@ def test_dali_cpu_decoder_agrees_with_pillow_on_stored_samples(tiny_store):
 
 
 @dali
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=gpu)])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
-def test_undecodable_record_with_a_valid_checksum_is_named(tiny_store, tmp_path, train):
+def test_undecodable_record_with_a_valid_checksum_is_named(tiny_store, tmp_path, train, device):
     from helpers import put_undecodable
 
     store = tmp_path / "s"
@@ -172,7 +173,7 @@ def test_undecodable_record_with_a_valid_checksum_is_named(tiny_store, tmp_path,
     put_undecodable(store, 9)
     rel = LMDBImageDataset(store).samples[9][0]
     with pytest.raises(CorruptSampleError, match=rf"sample 9 \({rel}\) failed to decode") as info:
-        for _ in loader(store, train=train):
+        for _ in loader(store, train=train, device=device):
             pass
     assert info.value.index == 9 and info.value.relpath == rel
 
