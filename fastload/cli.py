@@ -418,23 +418,6 @@ def recipe() -> None:
     """Run a recipe (recipes/*.toml): every loader stage on the same data, measured."""
 
 
-def _init_distributed() -> tuple[int, int]:
-    """Join the process group torchrun describes (gloo on CPU, nccl on GPU); (rank, world size)."""
-    import os
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), world
-
-
 @recipe.command("run")
 @click.argument("recipe_file", metavar="RECIPE", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=None,
@@ -467,6 +450,7 @@ def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, i
     """
     from fastload.measure.recipe import load_recipe, run_recipe, selected_stages, validate
     from fastload.measure.report import format_table, write_outputs
+    from fastload.measure.train import init_distributed
     from fastload.progress import bar as progress_bar
 
     rec = load_recipe(recipe_file).with_overrides(**{
@@ -475,7 +459,7 @@ def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, i
         "dataset.folder": folder, "dataset.store": store, "dataset.cache": cache,
         "dataset.read_delay_ms": read_delay_ms})
     validate(rec)
-    rank, world = _init_distributed()
+    rank, world = init_distributed()
     lead = rank == 0
     total = len(selected_stages(rec, stages)) * rec.run.rounds * (rec.run.warmup + rec.run.steps)
     bar = progress_bar(total=total, unit="step", disable=quiet or not lead)

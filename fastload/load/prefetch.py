@@ -72,7 +72,9 @@ class DevicePrefetcher:
         if len(mean) != len(std):
             raise ValueError(f"mean and std need the same length, got {len(mean)} and {len(std)}")
         self.loader = loader
-        self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        from fastload.system import resolve_device
+
+        self.device = resolve_device(device, what="DevicePrefetcher's device")
         self.mean, self.std = tuple(mean), tuple(std)
         self.dtype, self.channels_last = dtype, channels_last
 

@@ -48,11 +48,12 @@ def _loop(steps: int, device: str, size: int) -> float:
 
 def bench_profile(*, steps: int = 200, rounds: int = 5, size: int = 192) -> dict[str, Any]:
     """Median seconds per step of each arm, and ratios to ``plain`` with their min..max over rounds."""
-    import torch
 
     from fastload.measure.profile import profile
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from fastload.system import resolve_device
+
+    device = resolve_device("auto").type
     arms = ["plain", "profiled"] + (["kineto"] if device == "cuda" else [])
     times: dict[str, list[float]] = {a: [] for a in arms}
     _loop(20, device, size)  # warm caches, kernels, the allocator

@@ -29,7 +29,7 @@ from fastload.errors import RecipeError
 from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
 
-__all__ = ["SimulatedStep", "RunOptions", "build_model", "run_instrumented", "gather_results"]
+__all__ = ["init_distributed", "SimulatedStep", "RunOptions", "build_model", "run_instrumented", "gather_results"]
 
 
 @dataclass(frozen=True)
@@ -186,3 +186,20 @@ def gather_results(result: StageResult) -> list[dict] | None:
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return everyone if dist.get_rank() == 0 else None
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the process group torchrun describes (gloo on CPU, nccl on GPU); (rank, world size)."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), world
