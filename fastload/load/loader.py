@@ -158,7 +158,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     @property
     def _index_sampler(self):
-        inner = torch.utils.data.DataLoader._index_sampler.fget(self)
+        # super(), not torch.utils.data.DataLoader: code that installs fastload's class as
+        # torch.utils.data.DataLoader (a drop-in) would make that name this property itself
+        inner = super()._index_sampler
         if getattr(self, "_resume_iterable", True):
             return inner
         if self._resume_index is None or self._resume_index.inner is not inner:

@@ -171,3 +171,14 @@ def test_prefetcher_overlaps_copy_on_a_side_stream(tiny_store):
     torch.cuda.synchronize()
     assert sum(len(y) for _, y in batches) == len(ds)
     assert all(x.is_cuda and x.dtype == torch.float32 for x, _ in batches)
+
+
+def test_installed_as_torchs_dataloader_it_still_iterates(monkeypatch):
+    """A drop-in may be installed by rebinding torch.utils.data.DataLoader (PyTorch's own tests are run so)."""
+    import torch.utils.data
+
+    from fastload.load.loader import DataLoader as FastloadDataLoader
+
+    monkeypatch.setattr(torch.utils.data, "DataLoader", FastloadDataLoader)
+    batches = [b.tolist() for b in FastloadDataLoader(list(range(10)), batch_size=4)]
+    assert batches == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
