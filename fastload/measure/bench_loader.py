@@ -2,7 +2,8 @@
 
 Owns: the bench-only paths (WebDataset, FFCV, when importable) next to the stages it
 shares with recipes (``stages.py``: ``torchvision`` is the ``workers`` stage, ``fastload``
-the ``fast`` stage, ``dali-cpu``), all with the same batch size and worker count; timing
+the ``fast`` stage, ``fastload-threads`` the ``threads`` stage, ``dali-cpu``), all with the same
+batch size and worker count; timing
 them in interleaved rounds; and the single-core ceiling of each store.
 
 Discipline, so a figure does not depend on which path ran before it:
@@ -269,10 +270,12 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
         torch.set_num_threads(threads)
 
 
-ALL_PATHS = ("torchvision", "fastload", "fastload-reduced", "webdataset", "dali-cpu", "ffcv")
+ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", "webdataset", "dali-cpu", "ffcv")
 
 
 def _display(name: str, o: LoaderBenchOptions) -> str:
+    if name == "fastload-threads":
+        return "fastload (threads)"
     return f"fastload (max-side {o.max_side})" if name == "fastload-reduced" else name
 
 
@@ -327,6 +330,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
 
         add("torchvision", lambda: _stage_path("workers", full, o), reads=store)
         add("fastload", lambda: _stage_path("fast", full, o), reads=store)
+        add("fastload-threads", lambda: _stage_path("threads", full, o), reads=store)
         reduced = tmp / "reduced.lmdb"
         if "fastload-reduced" in wanted:
             if not o.max_side:

@@ -154,3 +154,13 @@ def test_bench_decode_times_every_method_or_says_why_not(tiny_tree, tmp_path):
     if importlib.util.find_spec("cv2") is None:
         assert "OpenCV is not installed" in methods["resize opencv"]["skipped"]
     assert "region" in r.output and "simplejpeg" in r.output
+
+
+def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_tree):
+    import fastload.measure.bench_loader as bl
+
+    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, rounds=1,
+                                 paths=("fastload", "fastload-threads"))
+    by = {r.name: r for r in bl.bench_loader(tiny_tree, options=opts, progress=False).results}
+    assert by["fastload (threads)"].skipped is None and by["fastload (threads)"].images_per_s > 0
+    assert by["fastload"].images_per_s > 0
