@@ -86,6 +86,15 @@ def _make_region_decoder():
         return None
 
 
+def _raw_view(data: bytes) -> np.ndarray | None:
+    """A read-only HWC view of a raw record's pixels, or None when ``data`` is not one."""
+    raw = raw_header(data) if data[:2] == b"P6" else None
+    if raw is None:
+        return None
+    h, w, off = raw
+    return np.frombuffer(data, dtype=np.uint8, count=3 * h * w, offset=off).reshape(h, w, 3)
+
+
 def fallback_counts() -> dict[str, int]:
     """How often, in this process, a region decode fell back to decoding the whole image."""
     return dict(_FALLBACKS)
@@ -140,10 +149,9 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
             return sj.decode_jpeg(data, colorspace="RGB")
         except ValueError:
             pass  # refused by libjpeg-turbo's strict API: let Pillow decide (and name the problem)
-    raw = raw_header(data) if data[:2] == b"P6" else None
-    if raw is not None:  # raw pixels: nothing to decode (a copy: the store's bytes are read-only)
-        h, w, off = raw
-        return np.frombuffer(data, dtype=np.uint8, count=3 * h * w, offset=off).reshape(h, w, 3).copy()
+    view = _raw_view(data)
+    if view is not None:  # raw pixels: nothing to decode (a copy: the store's bytes are read-only)
+        return view.copy()
     return decode_rgb(data)
 
 
@@ -174,10 +182,8 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
         if _FALLBACKS["region"] == 1:
             log.debug("nvImageCodec region decode failed; decoding the whole image instead (counted in "
                       "fastload.image.fast.fallback_counts())")
-    raw = raw_header(data) if data[:2] == b"P6" else None
-    if raw is not None:  # raw pixels: copy only the region
-        h, w, off = raw
-        view = np.frombuffer(data, dtype=np.uint8, count=3 * h * w, offset=off).reshape(h, w, 3)
+    view = _raw_view(data)
+    if view is not None:  # raw pixels: copy only the region
         return np.ascontiguousarray(view[top:top + height, left:left + width])
     return decode_rgb_fast(data)[top:top + height, left:left + width]
 

@@ -261,16 +261,18 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
         BadImage: the file is damaged or not a usable image; the message says why.
     """
     kind = sniff(data)
-    img = open_image(png_without_bad_chunks(data) if kind == "png" else data, max_pixels=max_pixels)
     odd: list[str] = []
     fast = None
     source = data
     if kind == "png":
+        if data[12:16] == b"IHDR":  # the bomb limit before the image stream is inflated
+            check_pixels(int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"), max_pixels)
         odd = png_damage(data)
-        if DROP_BAD_CHUNKS in odd:
+        if DROP_BAD_CHUNKS in odd:  # Pillow refuses those chunks; the pixels do not need them
             odd.remove(DROP_BAD_CHUNKS)
             source = png_without_bad_chunks(data)
-    elif kind == "jpeg":
+    img = open_image(source, max_pixels=max_pixels)
+    if kind == "jpeg":  # after open_image: its bomb check comes before libjpeg-turbo allocates
         odd, fast = jpeg_damage(data)
     rgb_img = decode_reference(source, max_pixels=max_pixels)  # a fresh, strict decode
     rgb = np.asarray(rgb_img)

@@ -266,14 +266,21 @@ class StoreReader:
                 data = txn.get(fmt.sample_key(local))
         except lmdb.Error as exc:
             raise fmt.damaged(self.path, f"LMDB failed reading sample {index} ({self.paths[index]}): {exc}") from None
-        if data is None:
-            raise ChecksumError(self._bad(index, "its record is missing from the store"), index=index,
-                                relpath=self.paths[index])
-        if (self.verify if verify is None else verify) and zlib.crc32(data) != int(self.crc32[index]):
-            raise ChecksumError(self._bad(index, f"its bytes fail their checksum (stored crc32 "
-                                                 f"{int(self.crc32[index]):08x}, read {zlib.crc32(data):08x})"),
-                                index=index, relpath=self.paths[index])
+        if data is None or (self.verify if verify is None else verify):
+            problem = self.checksum_problem(index, data)
+            if problem is not None:
+                raise ChecksumError(self._bad(index, problem), index=index, relpath=self.paths[index])
         return data
+
+    def checksum_problem(self, index: int, data: bytes | None) -> str | None:
+        """What is wrong with ``data`` as record ``index`` (missing, or not its stored crc32), or None."""
+        if data is None:
+            return "its record is missing from the store"
+        got = zlib.crc32(data)
+        if got != int(self.crc32[index]):
+            return (f"its bytes fail their checksum (checksum mismatch: stored crc32 {int(self.crc32[index]):08x}, "
+                    f"the bytes give {got:08x})")
+        return None
 
     def _bad(self, index: int, what: str) -> str:
         return (f"{self.path}: sample {index} ({self.paths[index]}): {what}: the store is damaged.\n"
