@@ -85,13 +85,6 @@ class StoreSource:
             self._order = (epoch, perm[self.rank::self.world])
         return self._order[1]
 
-    def batch_indices(self, epoch: int, iteration: int) -> list[int]:
-        """The global indices that make up batch ``iteration`` of ``epoch`` on this rank."""
-        order = self.order(epoch)
-        lo = iteration * self.batch_size
-        return [self.replace(int(order[k % self.per_rank]))
-                for k in range(lo, min(lo + self.batch_size, self.padded))]
-
     def __call__(self, sample_info):
         k = sample_info.idx_in_epoch
         if self.first is not None and sample_info.epoch_idx == 0:

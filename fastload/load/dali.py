@@ -49,7 +49,7 @@ from fastload.errors import (CorruptSampleError, MissingDependencyError, ResumeS
                              WorkerStartError)
 from fastload.load import state as _state
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
-from fastload.system import DALI_INSTALL_HINT, dali_available
+from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
 
 __all__ = ["DALILoader", "DALIOptions", "dali_available"]
 
@@ -175,8 +175,6 @@ class DALILoader:
             raise ValueError(f"Unknown value {on_error!r} for argument on_error. Valid values are 'raise', 'skip'.")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        from fastload.system import resolve_device
-
         device = {"cuda": "gpu"}.get(resolve_device("cuda" if device == "gpu" else device, what="device").type, "cpu")
         if num_threads == "auto":
             from fastload.load.workers import auto_num_workers

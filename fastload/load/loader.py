@@ -385,7 +385,7 @@ def _estimate_batch_bytes(loader: DataLoader) -> int:
     """
     ds, bs = loader.dataset, loader.batch_size or 1
     size = getattr(getattr(ds, "transform", None), "size", None)
-    if callable(getattr(getattr(ds, "transform", None), "from_bytes", None)) and isinstance(size, int):
+    if _state.uses_fastload_preset(ds) and isinstance(size, int):
         return bs * (3 * size * size + 8)
     if isinstance(ds, IterableDataset) or not _safe_to_sample_here(ds):
         return 0

@@ -42,11 +42,7 @@ MAX_EVENT_STEPS = 20_000  #: hand-off CUDA event pairs kept per loader
 _TORCH_DIR = None  # set on first use: frames inside torch are not the user's loop
 
 
-def _rank() -> int:
-    for key in ("RANK", "SLURM_PROCID"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 0
+_rank = _samples._rank  # one rule for the probe's and the samples' files, or ranks are mixed up
 
 
 def short_path(name: str) -> str:

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from fastload.measure.timing import percentiles
+from fastload.stats import percentiles
 
 INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
 FLOAT_TRANSFORMS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "ConvertDtype")

@@ -41,8 +41,11 @@ SCHED_EVERY = 8  #: read the run-queue wait on every 8th sample (a /proc read co
 
 
 def _rank() -> int:
-    value = os.environ.get("RANK", "")
-    return int(value) if value.isdigit() else 0
+    """This process's rank (torchrun's RANK, else Slurm's SLURM_PROCID); the probe keys its files by it too."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
 
 
 def _class_key(cls: type) -> str:

@@ -103,7 +103,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.reader = DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self.reader, 1 << 16)
         self.linger = False
-        self.busy = False
 
     def handle(self) -> None:
         opts = self.server.options
@@ -122,10 +121,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.server.set_idle(self, False)
             first = False
             self.reader.deadline = time.monotonic() + opts.header_timeout_s
-            self.busy = True
             with self.server.counting():
                 self.handle_one_request()
-            self.busy = False
             if self.close_connection or self.linger:
                 return
 
