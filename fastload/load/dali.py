@@ -422,10 +422,13 @@ class DALILoader:
     # ---- resume (state_dict / load_state_dict; the rules are fastload.load.state's) --------
 
     def _resume_identity(self) -> str | None:
-        if self.from_store:
-            return _state.dataset_identity(self)  # the store's checksums and labels (self._reader)
-        root = str(self.source)
-        return _state.files_identity(root, sorted(set(zip(self._files, self._labels))))
+        """What the data is (fixed when the loader is built): hashed once, not at every checkpoint."""
+        if "_identity" not in self.__dict__:
+            if self.from_store:  # the store's checksums and labels (self._reader)
+                self._identity = _state.dataset_identity(self)
+            else:
+                self._identity = _state.files_identity(str(self.source), sorted(set(zip(self._files, self._labels))))
+        return self._identity
 
     def state_dict(self) -> dict:
         """This loader's position: resume with ``load_state_dict`` on a loader built the same way.

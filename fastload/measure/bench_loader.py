@@ -332,16 +332,12 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         add("fastload", lambda: _stage_path("fast", full, o), reads=store)
         add("fastload-threads", lambda: _stage_path("threads", full, o), reads=store)
         reduced = tmp / "reduced.lmdb"
-        if "fastload-reduced" in wanted:
-            if not o.max_side:
-                results["fastload-reduced"] = PathResult(_display("fastload-reduced", o), None,
-                                                         skipped="needs --max-side N")
-            else:
-                def prep_reduced() -> Callable[[], BuiltStage]:
-                    convert(data, reduced, ConvertOptions(max_side=o.max_side, progress=progress))
-                    return _stage_path("fast", StageData(data, reduced), o)
 
-                add("fastload-reduced", prep_reduced, reads=reduced)
+        def prep_reduced() -> Callable[[], BuiltStage]:
+            convert(data, reduced, ConvertOptions(max_side=o.max_side, progress=progress))
+            return _stage_path("fast", StageData(data, reduced), o)
+
+        add("fastload-reduced", prep_reduced, reads=reduced, missing=None if o.max_side else "needs --max-side N")
         has_wds = importlib.util.find_spec("webdataset") is not None
 
         def prep_wds() -> Callable[[], BuiltStage]:
