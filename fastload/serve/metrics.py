@@ -153,7 +153,7 @@ def serving_metrics(target: Any, http: dict[str, Any]) -> list[Metric]:
     """The ``/metrics`` families for ``target`` (a ``DynamicBatcher`` or a ``Router``) and the front's counters."""
     batchers = target.batchers() if hasattr(target, "batchers") else [target]
     st = [(b, b.stats()) for b in batchers]
-    unhealthy = set(target.stats().get("unhealthy", [])) if hasattr(target, "batchers") else set()
+    unhealthy = set(target.unhealthy()) if hasattr(target, "unhealthy") else set()
     lab = [({"replica": b.name}, s) for b, s in st]
     return [
         Metric("fastload_http_responses_total", "counter", "HTTP responses sent, by status code.",

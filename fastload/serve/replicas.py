@@ -213,16 +213,19 @@ class Router:
 
     # ---- reporting ------------------------------------------------------------------------
 
+    def unhealthy(self) -> list[str]:
+        """Names of the replicas marked unhealthy (re-probed until they answer again)."""
+        with self._lock:
+            return sorted(self._unhealthy)
+
     def stats(self) -> dict[str, Any]:
         """Totals over the replicas, and each replica's own ``stats()``."""
         per = [r.stats() for r in self.replicas]
         keys = ("submitted", "completed", "failed", "rejected", "expired", "batches", "waiting", "in_flight",
                 "gpu_decoded", "cpu_decoded", "gpu_decode_fallbacks")
         total = {k: sum(s[k] for s in per) for k in keys}
-        with self._lock:
-            unhealthy = sorted(self._unhealthy)
         return {"device": self.device, "ready": self.ready.is_set(), **total, "retried": self.retried,
-                "device_failures": self.device_failures, "unhealthy": unhealthy,
+                "device_failures": self.device_failures, "unhealthy": self.unhealthy(),
                 "replicas": per, "fallback": self.fallback.stats() if self.fallback is not None else None}
 
     def trace(self) -> dict[str, Any]:
