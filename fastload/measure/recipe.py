@@ -234,6 +234,22 @@ class PreparedData:
     num_classes: int
 
 
+def _prepare_data_once(data: RecipeData, *, progress: bool) -> PreparedData:
+    """Under torch.distributed, rank 0 makes the data ready while the other ranks wait, then they all
+    open it: one conversion per store (a second writer is refused by the store's lock)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return prepare_data(data, progress=progress)
+    if dist.get_rank() == 0:
+        try:
+            return prepare_data(data, progress=progress)
+        finally:  # also when it fails: the other ranks then fail on the same data instead of waiting forever
+            dist.barrier()
+    dist.barrier()
+    return prepare_data(data, progress=False)  # complete now: a no-op that opens it
+
+
 def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
     """The generated default dataset made if needed; the store converted from the folder if missing.
 
@@ -332,7 +348,7 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
     stages = selected_stages(recipe, only)
     r, d = recipe.run, recipe.dataset
     device = resolve_device(r.device)
-    data = prepare_data(d, progress=progress)
+    data = _prepare_data_once(d, progress=progress)
     stage_data = StageData(data.folder, data.store)
     cold_files = files_under([data.folder, data.store]) if d.cache == "cold" else []
     outcomes = {s.name: StageOutcome(s) for s in stages}
