@@ -351,7 +351,11 @@ class DALILoader:
                 found = self._explain(exc, epoch, k, every=self.on_error == "skip")
                 self.close()
                 if self.on_error != "skip" or found[0].index is None:
-                    raise found[0] from exc
+                    found[0].add_note(f"DALI reported: {str(exc)[:2000]}")
+                    found = found[:1]
+            if found is not None and (self.on_error != "skip" or found[0].index is None):
+                found[0].__context__ = found[0].__cause__ = None
+                raise found[0]  # outside the except block: no link to DALI's exception (see below)
             if found is not None:
                 # Outside the except block, with no link to DALI's exception: its traceback would keep
                 # the failed pipeline and its threads alive (and a later fork() could then deadlock).
