@@ -52,6 +52,11 @@ def main() -> None:
 @click.option("--encoding", type=click.Choice(["jpeg", "raw", "auto"]), default="jpeg", show_default=True,
               help="jpeg: encoded images (originals where every decoder agrees); raw: RGB pixels, no decode when "
                    "training (10-15x the bytes); auto: raw up to 256x256 pixels (after --max-side), jpeg above.")
+@click.option("--lossless", is_flag=True,
+              help="Keep non-JPEG sources (PNG, WebP, TIFF, ...) pixel-exact as PNG. By default they are stored as "
+                   "JPEG q95 4:4:4, which loads 3-6x faster (see `fastload bench encode`); the PSNR is reported.")
+@click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
+              help="Training crop size the --max-side advice printed after the conversion is for.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --shuffle.")
 @click.option("--num-shards", type=click.IntRange(min=1), default=1, show_default=True,
@@ -73,12 +78,15 @@ def main() -> None:
               help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
-def convert(src: Path, dst: Path, max_side, quality, encoding, shuffle, seed, num_shards, shard_index, strict,
-            workers, max_pixels, chunk_size, max_file_bytes, follow_symlinks, num_classes, quiet) -> None:
+def convert(src: Path, dst: Path, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
+            shard_index, strict, workers, max_pixels, chunk_size, max_file_bytes, follow_symlinks, num_classes,
+            quiet) -> None:
     """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
 
     Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.
-    Interrupt it at any moment and rerun the same command to resume.
+    Interrupt it at any moment and rerun the same command to resume. When the stored images
+    are far larger than --train-size needs, it measures and prints the --max-side that would
+    load faster.
     """
     from fastload.pack.convert import ConvertOptions
     from fastload.pack.convert import convert as run
@@ -86,7 +94,11 @@ def convert(src: Path, dst: Path, max_side, quality, encoding, shuffle, seed, nu
 
     if shard_index >= num_shards:
         raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
-    opts = ConvertOptions(max_side=max_side, quality=quality, encoding=encoding, shuffle=shuffle, seed=seed,
+    if lossless and (max_side is not None or quality is not None):
+        raise click.BadParameter("cannot be combined with --max-side or --quality, which re-encode as lossy JPEG "
+                                 "(for exact downscaled pixels: --max-side N --encoding raw)", param_hint="--lossless")
+    opts = ConvertOptions(max_side=max_side, quality=quality, encoding=encoding, lossless=lossless,
+                          shuffle=shuffle, seed=seed,
                           num_shards=num_shards, shard_index=shard_index, strict=strict, workers=workers,
                           chunk_size=chunk_size, max_pixels=max_pixels or DEFAULT_MAX_PIXELS,
                           max_file_bytes=max_file_bytes or DEFAULT_MAX_FILE_BYTES, follow_symlinks=follow_symlinks,
@@ -99,8 +111,25 @@ def convert(src: Path, dst: Path, max_side, quality, encoding, shuffle, seed, nu
         click.echo(f"  skipped {_printable(s['relpath'])}: {_printable(s['reason'])}")
     if len(report.skipped) > 20:
         click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
-    for reason, n in report.canonicalised.items():
-        click.echo(f"  canonicalised {n}: {reason}")
+    _print_reasons(report.canonicalised, report.reencoded_reasons, report.lossy, indent="  ")
+    if max_side is None and report.stored and not (num_shards > 1):
+        from fastload.measure.advice import max_side_advice
+
+        advice = max_side_advice(report.dst, size=train_size)
+        if advice.speedup is not None:  # measured only when the images are far larger than training needs
+            click.echo(advice.message(str(src)))
+
+
+def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: str) -> None:
+    for reason, n in canonicalised.items():
+        click.echo(f"{indent}canonicalised {n}: {reason}")
+    for reason, n in reencoded.items():
+        click.echo(f"{indent}re-encoded {n}: {reason}")
+    if lossy.get("count"):
+        median = lossy["psnr_median"]
+        median = f"{median:.1f}" if isinstance(median, (int, float)) else "/".join(f"{m:.1f}" for m in median if m)
+        click.echo(f"{indent}lossy writes {lossy['count']}: PSNR min {lossy['psnr_min']:.1f} dB, median {median} dB "
+                   "(against the pixels encoded)")
 
 
 @main.command()
@@ -141,12 +170,23 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
 @main.command()
 @click.argument("store", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
+              help="Training crop size for the --max-side advice.")
+@click.option("--advise/--no-advise", default=True, show_default=True,
+              help="Sample the store and, when its images are far larger than --train-size needs, measure and "
+                   "print the --max-side that would load faster (a few seconds on big images).")
 @_friendly
-def inspect(store: Path, as_json: bool) -> None:
-    """Show what STORE holds: count, classes, bytes, encodings, options, completeness."""
+def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
+    """Show what STORE holds: count, classes, bytes, encodings, options, completeness, size advice."""
     from fastload.store.check import inspect_store
 
     info = inspect_store(store)
+    advice = None
+    if advise and info["complete"] and info["count"]:
+        from fastload.measure.advice import max_side_advice
+
+        advice = max_side_advice(store, size=train_size)
+        info["max_side_advice"] = advice.to_json()
     if as_json:
         click.echo(json.dumps(info, indent=1))
         return
@@ -155,17 +195,19 @@ def inspect(store: Path, as_json: bool) -> None:
         sys.exit(1)
     click.echo(f"{info['path']}: complete, format v{info['format_version']}"
                + (f", {info['shards']} shards" if info["shards"] else ""))
-    click.echo(f"  samples   {info['count']}  ({info['bytes'] / 1e6:.1f} MB, {info['skipped']} skipped at conversion)")
+    click.echo(f"  samples   {info['count']}  ({info['bytes'] / 1e6:.1f} MB, {info['bytes_per_image'] / 1e3:.1f} kB "
+               f"an image, {info['skipped']} skipped at conversion)")
     click.echo(f"  source    {info['source']['kind']} {info['source']['path']}")
     click.echo(f"  encodings {', '.join(f'{k} {v}' for k, v in info['encodings'].items())}")
     click.echo(f"  stored as {', '.join(f'{k} {v}' for k, v in info['stored_as'].items())}")
-    for reason, n in info["canonicalised"].items():
-        click.echo(f"    canonicalised {n}: {reason}")
+    _print_reasons(info["canonicalised"], info["reencoded"], info["lossy"], indent="    ")
     opts = info["options"] if isinstance(info["options"], dict) else info["options"][0]
     click.echo("  options   " + ", ".join(f"{k}={v}" for k, v in opts.items() if k not in ("shard_index",)))
     click.echo(f"  classes   {len(info['classes'])}")
     for name, n in info["classes"].items():
         click.echo(f"    {n:8d}  {name}")
+    if advice is not None:
+        click.echo(f"  size      {advice.message(info['source']['path'])}")
 
 
 @main.command("dataset")
@@ -174,9 +216,14 @@ def inspect(store: Path, as_json: bool) -> None:
               help="Number of classes [default: 10].")
 @click.option("--per-class", type=click.IntRange(min=1), default=None, help="Images per class [default: 80].")
 @click.option("--seed", type=int, default=None, help="Seed [default: 0].")
+@click.option("--min-side", type=click.IntRange(min=16), default=None,
+              help="Shorter side of the images, at least [default: 200]; e.g. 3000 for a folder of 12-24 MP photos.")
+@click.option("--max-side", type=click.IntRange(min=16), default=None, help="Longer side, at most [default: 800].")
+@click.option("--png-every", type=click.IntRange(min=0), default=None,
+              help="Every N-th image of a class is a PNG (0: none) [default: 40].")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @_friendly
-def dataset(directory: Path | None, num_classes, per_class, seed, quiet) -> None:
+def dataset(directory: Path | None, num_classes, per_class, seed, min_side, max_side, png_every, quiet) -> None:
     """Generate the default dataset (synthetic photos, made offline) (an ImageFolder tree) and print its path.
 
     Without DIRECTORY it goes to the cache (~/.cache/fastload, or $FASTLOAD_CACHE), where
@@ -186,7 +233,8 @@ def dataset(directory: Path | None, num_classes, per_class, seed, quiet) -> None
 
     from fastload.datasets import DEFAULT_SPEC, default_dataset_dir, make_dataset
 
-    overrides = {k: v for k, v in {"num_classes": num_classes, "per_class": per_class, "seed": seed}.items()
+    overrides = {k: v for k, v in {"num_classes": num_classes, "per_class": per_class, "seed": seed,
+                                    "min_side": min_side, "max_side": max_side, "png_every": png_every}.items()
                  if v is not None}
     spec = replace(DEFAULT_SPEC, **overrides)
     if directory is None:
@@ -299,6 +347,29 @@ def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
     from fastload.measure.bench_decode import DecodeBenchOptions, bench_decode
 
     result = bench_decode(_data_or_default(data), DecodeBenchOptions(images=images, rounds=rounds, size=size))
+    click.echo(result.table())
+    if json_out:
+        json_out.write_text(json.dumps(result.to_json(), indent=1))
+
+
+@bench.command("encode")
+@click.argument("data", type=click.Path(exists=True, file_okay=False, path_type=Path), required=False)
+@click.option("--images", type=click.IntRange(min=1), default=24, show_default=True,
+              help="Images of DATA to measure (the first N readable ones, any format).")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Interleaved timing rounds; the median is reported.")
+@click.option("--size", type=click.IntRange(min=8), default=224, show_default=True, help="Train preset crop size.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
+@_friendly
+def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, json_out: Path | None) -> None:
+    """How to store non-JPEG sources: lossless PNG vs WebP lossless vs JPEG q95 4:4:4 (and q90 4:2:0).
+
+    Bits per pixel, encode cost, the train preset's time per image on one thread, and PSNR.
+    DATA is an image folder [default: the generated default dataset].
+    """
+    from fastload.measure.bench_encode import EncodeBenchOptions, bench_encode
+
+    result = bench_encode(_data_or_default(data), EncodeBenchOptions(images=images, rounds=rounds, size=size))
     click.echo(result.table())
     if json_out:
         json_out.write_text(json.dumps(result.to_json(), indent=1))

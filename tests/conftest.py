@@ -44,11 +44,12 @@ def tiny_tree(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_store(tiny_tree, tmp_path_factory) -> Path:
-    """``tiny_tree`` converted with default options. Do not modify: it is shared."""
+    """``tiny_tree`` converted with ``lossless=True``, so every sample is its source file byte for byte
+    (the PNGs too) and tests can compare with the files. Do not modify: it is shared."""
     from fastload.pack.convert import ConvertOptions, convert
 
     dst = tmp_path_factory.mktemp("store") / "tiny.lmdb"
-    convert(tiny_tree, dst, ConvertOptions(progress=False, workers=2))
+    convert(tiny_tree, dst, ConvertOptions(progress=False, workers=2, lossless=True))
     return dst
 
 

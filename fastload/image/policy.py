@@ -39,12 +39,24 @@ Damaged versus odd (``prepare`` skips the first, canonicalises the second):
   (including 12-bit JPEGs, which Pillow and so ``ImageFolder`` cannot read) are bad.
 
 Store as-is rule. Original bytes are kept only for plain 8-bit RGB or grayscale JPEG
-(baseline, extended or progressive Huffman, one frame) and non-interlaced 8-bit RGB or
-grayscale PNG, without EXIF rotation, that pass the checks above and whose libjpeg-turbo
-decode equals Pillow's pixel for pixel. Everything else is canonicalised: the reference
-RGB image re-encoded, JPEG sources as JPEG quality 95 with 4:4:4 chroma, everything else
-as lossless PNG. Whatever is stored (original, canonicalised or re-encoded with
-``--max-side``/``--quality``) is decoded again, strictly, before it is accepted.
+(baseline, extended or progressive Huffman, one frame) without EXIF rotation that pass the
+checks above and whose libjpeg-turbo decode equals Pillow's pixel for pixel. Other JPEG
+sources are canonicalised: the reference RGB image re-encoded as JPEG quality 95 with 4:4:4
+chroma.
+
+Non-JPEG sources (PNG, WebP, TIFF, GIF, BMP, ...) are re-encoded as JPEG quality 95, 4:4:4
+(``stored_as`` "reencoded", lossy, its PSNR recorded) unless ``lossless=True``
+(``convert --lossless``). Why, measured by ``fastload bench encode`` (README, "Which
+encoding for non-JPEG sources"): a PNG is decoded whole, every epoch, by zlib and Pillow,
+while a JPEG gets libjpeg-turbo's DCT-scaled and region decode on the CPU and nvJPEG on the
+GPU; JPEG q95 4:4:4 loaded 3-6x faster than lossless PNG in the train preset at about a
+third of the bytes, at ~40 dB PSNR on noise-textured photos (higher on real ones). WebP
+lossless was 1.4x faster than PNG but still 2.5-5x slower than JPEG, and 2-3x slower to
+encode. With ``lossless=True`` the old rule holds: non-interlaced 8-bit RGB or grayscale
+PNGs that pass the checks are stored as-is and every other non-JPEG source as lossless PNG
+(bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
+strictly, before it is accepted; the PSNR of every lossy write against the pixels it
+encodes is returned (``Prepared.psnr``).
 
 Must not: import torch or anything from the rooms above (``store/``, ``pack/``, ``load/``).
 """
@@ -65,7 +77,7 @@ from fastload.image.damage import DROP_BAD_CHUNKS, jpeg_damage, png_damage, png_
 from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, raw_header, sniff
 
 __all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
-           "AUTO_RAW_MAX_PIXELS", "is_jpeg", "sniff", "jpeg_frame", "raw_header", "encode_raw", "check_pixels",
+           "AUTO_RAW_MAX_PIXELS", "LOSSY_REENCODE", "psnr", "is_jpeg", "sniff", "jpeg_frame", "raw_header", "encode_raw", "check_pixels",
            "open_image", "to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
            "jpeg_damage", "prepare", "read_source_file", "prepare_file", "sample_error"]
 
@@ -74,6 +86,10 @@ DEFAULT_MAX_PIXELS = 2 * 89_478_485
 #: Files larger than this are not read at conversion (``--max-file-bytes``).
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 CANONICAL_JPEG_QUALITY = 95
+#: How non-JPEG sources are stored unless ``lossless`` (see the module docstring).
+LOSSY_REENCODE = f"JPEG q{CANONICAL_JPEG_QUALITY} 4:4:4"
+#: PSNR written for a lossy write that came out pixel-exact (JSON has no infinity).
+PSNR_EXACT = 100.0
 #: ``--encoding auto`` stores raw pixels for images up to this many pixels (256 x 256), encoded above.
 AUTO_RAW_MAX_PIXELS = 256 * 256
 ENCODING_CHOICES = ("jpeg", "raw", "auto")
@@ -91,6 +107,13 @@ class Prepared:
     reason: str | None  # why it was canonicalised / re-encoded
     width: int
     height: int
+    psnr: float | None = None  # dB against the pixels encoded, for lossy writes; None when exact
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak signal-to-noise ratio of ``b`` against ``a`` (uint8 pixels), in dB; ``PSNR_EXACT`` if equal."""
+    mse = float(np.mean((a.astype(np.float32) - b.astype(np.float32)) ** 2))
+    return PSNR_EXACT if mse == 0 else min(PSNR_EXACT, round(10.0 * float(np.log10(255.0 ** 2 / mse)), 2))
 
 
 def check_pixels(width: int, height: int, max_pixels: int = DEFAULT_MAX_PIXELS) -> None:
@@ -229,21 +252,24 @@ def _encode(img: Image.Image, fmt: str, quality: int = CANONICAL_JPEG_QUALITY, s
     return buf.getvalue()
 
 
-def _accept(data: bytes, encoding: str, rgb: np.ndarray | None, size: tuple[int, int]) -> None:
-    """Decode what is about to be stored, strictly, with the decoder the loaders use on it."""
+def _accept(data: bytes, encoding: str, rgb: np.ndarray | None, size: tuple[int, int]) -> float | None:
+    """Decode what is about to be stored, strictly, with the decoder the loaders use on it.
+
+    Returns the PSNR of a JPEG against ``rgb`` (the pixels encoded), None for a PNG (exact)."""
     if encoding == "jpeg":
         damage, fast = jpeg_damage(data)
         if damage or fast is None or fast.shape[:2] != (size[1], size[0]):
             raise BadImage(f"internal error: the re-encoded JPEG does not decode cleanly ({damage})")
-        return
+        return psnr(rgb, fast) if rgb is not None else None
     png_damage(data)
     back = np.asarray(decode_reference(data))
     if rgb is not None and not np.array_equal(back, rgb):
         raise BadImage("internal error: the lossless PNG re-encode does not decode to the same pixels")
+    return None
 
 
 def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int | None = None,
-            quality: int | None = None, encoding: str = "jpeg") -> Prepared:
+            quality: int | None = None, encoding: str = "jpeg", lossless: bool = False) -> Prepared:
     """Validate one file and decide what to store for it (the rules are in the module docstring).
 
     Args:
@@ -256,6 +282,8 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
             ``"raw"``: every image as raw RGB pixels (after ``max_side``); ``"auto"``: raw
             for images of at most ``AUTO_RAW_MAX_PIXELS`` pixels (after ``max_side``),
             encoded above.
+        lossless: keep non-JPEG sources pixel-exact (original PNG bytes where the rule
+            allows, lossless PNG otherwise) instead of re-encoding them as JPEG q95 4:4:4.
 
     Raises:
         BadImage: the file is damaged or not a usable image; the message says why.
@@ -293,7 +321,7 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
             why = "raw pixels" + (f", downscaled to longer side {max_side}" if resize else "")
             return Prepared(encode_raw(np.asarray(out_img)), "raw", "reencoded", why, *out_size)
     reencode = resize or (quality is not None and max_side is None)
-    if obstacle is None and not reencode:
+    if obstacle is None and not reencode and (kind == "jpeg" or lossless):
         return Prepared(data, kind, "original", None, w, h)  # type: ignore[arg-type]
     if reencode:
         out_img = rgb_img
@@ -304,12 +332,18 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
         q = quality if quality is not None else 90
         why = f"downscaled to longer side {max_side}" if resize else f"re-encoded at quality {q}"
         out = _encode(out_img, "jpeg", q)
-        _accept(out, "jpeg", None, out_img.size)
-        return Prepared(out, "jpeg", "reencoded", why, *out_img.size)
+        fidelity = _accept(out, "jpeg", np.asarray(out_img), out_img.size)
+        return Prepared(out, "jpeg", "reencoded", why, *out_img.size, psnr=fidelity)
     if kind == "jpeg":
         out = _encode(rgb_img, "jpeg", CANONICAL_JPEG_QUALITY, subsampling=0)
-        _accept(out, "jpeg", None, rgb_img.size)
-        return Prepared(out, "jpeg", "canonicalised", obstacle, w, h)
+        fidelity = _accept(out, "jpeg", rgb, rgb_img.size)
+        return Prepared(out, "jpeg", "canonicalised", obstacle, w, h, psnr=fidelity)
+    if not lossless:
+        what = (img.format or kind or "non-JPEG").upper()
+        out = _encode(rgb_img, "jpeg", CANONICAL_JPEG_QUALITY, subsampling=0)
+        fidelity = _accept(out, "jpeg", rgb, rgb_img.size)
+        return Prepared(out, "jpeg", "reencoded", f"{what} source stored as {LOSSY_REENCODE} "
+                        "(lossy; --lossless keeps it exact)", w, h, psnr=fidelity)
     out = _encode(rgb_img, "png")
     _accept(out, "png", rgb, rgb_img.size)
     return Prepared(out, "png", "canonicalised", obstacle, w, h)
@@ -361,7 +395,7 @@ def prepare_file(path: str, options: dict) -> tuple:
     folder, through a symbolic link, is not read).
 
     Returns:
-        ``("ok", data, encoding, stored_as, reason)`` or ``("bad", reason)``.
+        ``("ok", data, encoding, stored_as, reason, psnr)`` or ``("bad", reason)``.
     """
     ImageFile.LOAD_TRUNCATED_IMAGES = False  # strict in every conversion worker, whatever was imported
     opts = dict(options)
@@ -376,7 +410,7 @@ def prepare_file(path: str, options: dict) -> tuple:
         return ("bad", str(exc))
     except MemoryError:
         return ("bad", "out of memory while decoding")
-    return ("ok", p.data, p.encoding, p.stored_as, p.reason)
+    return ("ok", p.data, p.encoding, p.stored_as, p.reason, p.psnr)
 
 
 def sample_error(store: object, index: int, relpath: str | None, exc: BaseException) -> CorruptSampleError:

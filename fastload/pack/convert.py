@@ -64,6 +64,8 @@ class ConvertOptions:
         encoding: ``"jpeg"`` (encoded images; originals where allowed), ``"raw"`` (raw RGB
             pixels: no decode when training, 10-15x the bytes of a JPEG) or ``"auto"`` (raw up to
             256x256 pixels after ``max_side``, encoded above).
+        lossless: keep non-JPEG sources pixel-exact (PNG) instead of re-encoding them as
+            JPEG q95 4:4:4, the faster-loading default (``image.policy`` says why).
     """
 
     max_side: int | None = None
@@ -82,6 +84,7 @@ class ConvertOptions:
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     follow_symlinks: bool = False
     num_classes: int | None = None
+    lossless: bool = False
 
     def __post_init__(self) -> None:
         if self.max_side is not None and self.max_side < 8:
@@ -105,6 +108,9 @@ class ConvertOptions:
             raise ValueError(f"max_file_bytes must be >= 1, got {self.max_file_bytes}")
         if self.num_classes is not None and self.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {self.num_classes}")
+        if self.lossless and (self.max_side is not None or self.quality is not None):
+            raise ValueError("lossless cannot be combined with max_side or quality, which re-encode as lossy JPEG; "
+                             "for exact downscaled pixels use max_side with encoding='raw'")
 
     def record_options(self) -> dict[str, Any]:
         """The options that decide which records a store holds (saved in its metadata)."""
@@ -112,7 +118,7 @@ class ConvertOptions:
                 "seed": self.seed if self.shuffle else None, "num_shards": self.num_shards,
                 "shard_index": self.shard_index, "max_pixels": self.max_pixels,
                 "max_file_bytes": self.max_file_bytes, "follow_symlinks": self.follow_symlinks,
-                "num_classes": self.num_classes}
+                "num_classes": self.num_classes, "lossless": self.lossless}
 
 
 @dataclass
@@ -126,6 +132,8 @@ class ConvertReport:
     skipped: list[dict[str, str]] = field(default_factory=list)
     canonicalised: dict[str, int] = field(default_factory=dict)
     reencoded: int = 0
+    reencoded_reasons: dict[str, int] = field(default_factory=dict)
+    lossy: dict[str, Any] = field(default_factory=dict)  # count, psnr_min, psnr_median of lossy writes
     bytes_stored: int = 0
     resumed_from: int = 0
     already_complete: bool = False
@@ -273,6 +281,8 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     report.skipped = header["skipped"]
     report.canonicalised = header["canonicalised"]
     report.reencoded = header["stored_as"]["reencoded"]
+    report.reencoded_reasons = header.get("reencoded", {})
+    report.lossy = header.get("lossy", {})
     report.bytes_stored = header["bytes"]
     report.seconds = time.perf_counter() - t0
     _write_report(path, report)
@@ -282,7 +292,7 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
 def validator_options(options: ConvertOptions, src: Source) -> dict[str, Any]:
     """What every worker's ``prepare_file`` gets besides the path (``bench convert`` times the same call)."""
     return {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality,
-            "encoding": options.encoding, "max_file_bytes": options.max_file_bytes,
+            "encoding": options.encoding, "lossless": options.lossless, "max_file_bytes": options.max_file_bytes,
             "inside": None if options.follow_symlinks else os.path.realpath(src.root)}
 
 
@@ -322,10 +332,10 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
             rel, label = src.items[todo[j]]
             chunk.consumed += 1
             if ok and value[0] == "ok":
-                _, data, encoding, stored_as, reason = value
+                _, data, encoding, stored_as, reason, fidelity = value
                 puts.append((fmt.sample_key(stored + chunk.stored), data))
                 chunk.add(label=label, crc32=zlib.crc32(data), encoding=encoding, stored_as=stored_as,
-                          reason=reason, path=rel, nbytes=len(data))
+                          reason=reason, path=rel, nbytes=len(data), psnr=fidelity)
             else:
                 reason = value[1] if ok else value
                 chunk.skipped.append({"relpath": rel, "reason": reason})

@@ -47,11 +47,14 @@ def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
     labels = np.concatenate([m.labels for m in metas])
     classes = metas[0].classes
     counts = np.bincount(labels, minlength=len(classes)) if len(labels) else np.zeros(len(classes), int)
-    total: dict[str, Any] = {"encodings": {}, "stored_as": {}, "canonicalised": {}}
+    total: dict[str, Any] = {"encodings": {}, "stored_as": {}, "canonicalised": {}, "reencoded": {}}
     for m in metas:
         for key in total:
-            for k, v in m.header[key].items():
+            for k, v in m.header.get(key, {}).items():  # "reencoded" is absent from stores of fastload 0.1
                 total[key][k] = total[key].get(k, 0) + v
+    lossy = [m.header.get("lossy") or {} for m in metas]
+    lossy_count = sum(x.get("count", 0) for x in lossy)
+    mins = [x["psnr_min"] for x in lossy if x.get("psnr_min") is not None]
     count = int(len(labels))
     nbytes = int(sum(m.header["bytes"] for m in metas))
     return {
@@ -68,6 +71,10 @@ def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
         "options": metas[0].header["options"] if len(metas) == 1 else
         [m.header["options"] for m in metas],
         **total,
+        # the fidelity of the records fastload encoded lossily (median: of one store, or of each shard)
+        "lossy": {"count": lossy_count, "psnr_min": min(mins) if mins else None,
+                  "psnr_median": [x.get("psnr_median") for x in lossy] if len(lossy) > 1
+                  else lossy[0].get("psnr_median")},
     }
 
 

@@ -13,11 +13,13 @@ Layout of one store (an LMDB environment directory):
 * ``~build`` → JSON written by the first transaction of a conversion: format version,
   source fingerprint and the options. Lets a rerun resume, and refuses to mix sources.
 * ``~chunk/<8-byte n>`` → JSON for each committed chunk: what it consumed from the source,
-  and per sample its label, checksum, encoding and why it was canonicalised. Deleted when the
-  store is finished.
+  and per sample its label, checksum, encoding and why it was canonicalised or re-encoded,
+  and the PSNR of its lossy writes. Deleted when the store is finished.
 * ``~meta`` → JSON header, plus ``~meta/<name>`` → one ``.npy`` array each (labels,
   crc32, encoding, stored_as) and ``~meta/paths`` (NUL-joined relative paths, UTF-8;
-  names that are not valid UTF-8 are kept byte for byte with ``surrogateescape``).
+  names that are not valid UTF-8 are kept byte for byte with ``surrogateescape``). The
+  header counts samples by encoding and by how they were stored, with the reasons, and
+  sums up the fidelity of lossy writes (``lossy``: count, minimum and median PSNR).
   Written **last**, in one transaction with the deletion of the chunk records: a store
   without ``~meta`` is incomplete, never silently short.
 * Integrity (format 2): the header holds the crc32 of every array and of the paths, and
@@ -86,9 +88,10 @@ class ChunkRecord:
     reasons: list[str | None] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
+    psnr: list[float] = field(default_factory=list)  # of the lossy writes in this chunk, in dB
 
     def add(self, *, label: int, crc32: int, encoding: str, stored_as: str, reason: str | None, path: str,
-            nbytes: int) -> None:
+            nbytes: int, psnr: float | None = None) -> None:
         self.stored += 1
         self.bytes += nbytes
         self.labels.append(label)
@@ -97,6 +100,8 @@ class ChunkRecord:
         self.stored_as.append(stored_as)
         self.reasons.append(reason)
         self.paths.append(path)
+        if psnr is not None:
+            self.psnr.append(psnr)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self)).encode()

@@ -221,6 +221,8 @@ class StoreWriter:
         stored_as = np.array([fmt.STORED_AS.index(x) for c in chunks for x in c.stored_as], dtype=np.uint8)
         paths = [p for c in chunks for p in c.paths]
         reasons = Counter(r for c in chunks for r, s in zip(c.reasons, c.stored_as) if s == "canonicalised")
+        reencoded = Counter(r for c in chunks for r, s in zip(c.reasons, c.stored_as) if s == "reencoded")
+        psnr = np.array([p for c in chunks for p in c.psnr], dtype=np.float64)
         header = {
             "format": fmt.FORMAT_NAME,
             "version": fmt.FORMAT_VERSION,
@@ -230,6 +232,10 @@ class StoreWriter:
             "options": build["options"],
             "skipped": [s for c in chunks for s in c.skipped],
             "canonicalised": dict(sorted(reasons.items())),
+            "reencoded": dict(sorted(reencoded.items())),
+            # every record fastload encoded lossily (JPEG): how close it is to the pixels it encodes
+            "lossy": {"count": int(psnr.size), "psnr_min": float(psnr.min()) if psnr.size else None,
+                      "psnr_median": float(np.median(psnr)) if psnr.size else None},
             "encodings": {name: int((enc == i).sum()) for i, name in enumerate(fmt.ENCODINGS)},
             "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
             "bytes": int(sum(c.bytes for c in chunks)),

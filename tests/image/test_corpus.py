@@ -1,5 +1,9 @@
 """The adversarial corpus through ``fastload convert``: nothing bad is stored, nothing good is lost,
-and every stored sample decodes to the same pixels with every decoder fastload reads with."""
+and every stored sample decodes to the same pixels with every decoder fastload reads with.
+
+Every test runs on two stores: ``--lossless`` (the corpus's ``expect`` as written: PNG originals
+kept, other non-JPEG sources as bit-exact PNG) and the default (every non-JPEG source as JPEG
+q95 4:4:4, its PSNR recorded)."""
 
 from __future__ import annotations
 
@@ -24,8 +28,12 @@ KINDS = {k.name: k for k in kinds()}
 CANONICAL_JPEG_BOUND = 4.0
 
 
-@pytest.fixture(scope="module")
-def corpus_store(tmp_path_factory):
+#: the default re-encode of non-JPEG sources (JPEG q95 4:4:4) on these noise-textured corpus images
+REENCODED_MIN_PSNR = 30.0
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["lossless", "default"])
+def corpus_store(tmp_path_factory, request):
     tree = tmp_path_factory.mktemp("corpus") / "tree"
     for k in KINDS.values():
         path = tree / k.name
@@ -35,11 +43,15 @@ def corpus_store(tmp_path_factory):
     listing = tree / "files.csv"
     listing.write_text("".join(f"{k.name},{k.name.split('/')[0]}\n" for k in KINDS.values()))
     store = tree.parent / "store.lmdb"
-    report = convert(listing, store, ConvertOptions(progress=False, workers=2))
+    report = convert(listing, store, ConvertOptions(progress=False, workers=2, lossless=request.param))
     ds = LMDBImageDataset(store)
     stored = {rel: i for i, (rel, _) in enumerate(ds.samples)}
     skipped = {s["relpath"]: s["reason"] for s in report.skipped}
-    return ds, stored, skipped, report
+    return ds, stored, skipped, report, request.param
+
+
+def _is_jpeg(data: bytes) -> bool:
+    return data[:3] == b"\xff\xd8\xff"
 
 
 def test_corpus_is_large_and_covers_every_outcome():
@@ -49,7 +61,7 @@ def test_corpus_is_large_and_covers_every_outcome():
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_each_kind_is_stored_right_or_skipped_with_its_reason(corpus_store, name):
-    ds, stored, skipped, _ = corpus_store
+    ds, stored, skipped, _, lossless = corpus_store
     kind = KINDS[name]
     if kind.expect == "skip":
         assert name not in stored, f"{name} must not be stored"
@@ -65,6 +77,11 @@ def test_each_kind_is_stored_right_or_skipped_with_its_reason(corpus_store, name
     got = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     want = user_view(kind.data)
     assert got.shape == want.shape
+    if not lossless and not _is_jpeg(kind.data):  # the default: every non-JPEG source as JPEG q95 4:4:4
+        assert how == "reencoded" and _is_jpeg(data), how
+        assert any("lossy; --lossless keeps it exact" in r for r in ds._reader.metas[0].header["reencoded"])
+        assert np.abs(got.astype(int) - want.astype(int)).mean() <= CANONICAL_JPEG_BOUND
+        return
     if kind.expect == "original":
         assert how == "original" and data == kind.data
         np.testing.assert_array_equal(got, want)
@@ -77,9 +94,17 @@ def test_each_kind_is_stored_right_or_skipped_with_its_reason(corpus_store, name
 
 
 def test_report_counts_canonicalised_by_reason(corpus_store):
-    _, _, _, report = corpus_store
-    assert sum(report.canonicalised.values()) == sum(k.expect == "canonical" for k in KINDS.values())
+    _, _, _, report, lossless = corpus_store
+    kept = [k for k in KINDS.values() if k.expect != "skip"]
+    converted = [k for k in kept if lossless or _is_jpeg(k.data)]
+    assert sum(report.canonicalised.values()) == sum(k.expect == "canonical" for k in converted)
     assert any("EXIF orientation" in r for r in report.canonicalised)
+    reencoded = len(kept) - len(converted)
+    assert report.reencoded == sum(report.reencoded_reasons.values()) == reencoded
+    # every JPEG fastload wrote (canonicalised JPEG sources and re-encoded others) has its PSNR recorded
+    lossy = sum(k.expect == "canonical" and _is_jpeg(k.data) for k in kept) + reencoded
+    assert report.lossy["count"] == lossy
+    assert REENCODED_MIN_PSNR <= report.lossy["psnr_min"] <= report.lossy["psnr_median"] <= 100.0
 
 
 _DECODE = textwrap.dedent("""

@@ -112,7 +112,7 @@ def test_empty_tree_is_a_clear_error(tmp_path):
 def test_plain_images_are_stored_as_is(tmp_path, name):
     data = plain_images()[name]
     src = write_tree(tmp_path / "src", {name: data})
-    report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
+    report = convert(src, tmp_path / "out", ConvertOptions(lossless=name.endswith(".png"), **QUIET))
     ds = LMDBImageDataset(tmp_path / "out")
     assert report.canonicalised == {}
     assert ds.get_bytes(0) == data
@@ -123,7 +123,7 @@ def test_plain_images_are_stored_as_is(tmp_path, name):
 def test_special_images_are_canonicalised_to_what_a_user_sees(tmp_path, name):
     data = special_images()[name]
     src = write_tree(tmp_path / "src", {name: data, "plain.jpg": plain_images()["rgb.jpg"]})
-    report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
+    report = convert(src, tmp_path / "out", ConvertOptions(lossless=True, **QUIET))
     assert report.stored == 2 and not report.skipped
     assert sum(report.canonicalised.values()) == 1
     meta = load_store_metas(tmp_path / "out")[0]
@@ -140,6 +140,35 @@ def test_special_images_are_canonicalised_to_what_a_user_sees(tmp_path, name):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("name", ["rgb.png", "gray.png", "palette.png", "rgba.png", "photo.webp", "photo.bmp"])
+def test_non_jpeg_sources_are_stored_as_jpeg_q95_444_by_default(tmp_path, name):
+    """Without --lossless every non-JPEG source loads as a JPEG: re-encoded at q95 4:4:4, its PSNR
+    against the pixels a user sees recorded and reported; the JPEG beside it stays byte for byte."""
+    data = {**plain_images(), **special_images()}[name]
+    src = write_tree(tmp_path / "src", {name: data, "plain.jpg": plain_images()["rgb.jpg"]})
+    report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
+    meta = load_store_metas(tmp_path / "out")[0]
+    i, j = meta.paths.index(f"a/{name}"), meta.paths.index("a/plain.jpg")
+    ds = LMDBImageDataset(tmp_path / "out")
+    assert fmt.STORED_AS[meta.stored_as[i]] == "reencoded" and fmt.ENCODINGS[meta.encoding[i]] == "jpeg"
+    assert ds.get_bytes(j) == plain_images()["rgb.jpg"]
+    assert report.reencoded == 1 and report.canonicalised == {}
+    (reason,) = report.reencoded_reasons
+    assert "JPEG q95 4:4:4" in reason and "--lossless" in reason
+    got, want = np.asarray(ds[i][0]).astype(int), decode_rgb(data).astype(int)
+    assert got.shape == want.shape
+    psnr = 10 * np.log10(255**2 / max(np.mean((got - want) ** 2), 1e-9))
+    assert report.lossy["count"] == 1 and abs(report.lossy["psnr_min"] - min(psnr, 100.0)) < 0.05
+    assert psnr > 34, psnr
+
+
+def test_lossless_refuses_lossy_options():
+    with pytest.raises(ValueError, match="lossless cannot be combined"):
+        ConvertOptions(lossless=True, max_side=256)
+    with pytest.raises(ValueError, match="lossless cannot be combined"):
+        ConvertOptions(lossless=True, quality=90)
+
+
 def test_exif_orientation_is_applied(tmp_path):
     src = write_tree(tmp_path / "src", special_images())
     convert(src, tmp_path / "out", ConvertOptions(**QUIET))
@@ -150,7 +179,7 @@ def test_exif_orientation_is_applied(tmp_path):
 
 def test_sixteen_bit_png_keeps_its_range(tmp_path):
     src = write_tree(tmp_path / "src", {"g.png": special_images()["gray16.png"]})
-    convert(src, tmp_path / "out", ConvertOptions(**QUIET))
+    convert(src, tmp_path / "out", ConvertOptions(lossless=True, **QUIET))
     img = np.asarray(LMDBImageDataset(tmp_path / "out")[0][0])
     want = np.asarray(photo(72, 56, seed=5).convert("L"))
     np.testing.assert_array_equal(img[..., 0], want)  # (v*257)>>8 == v, not clipped to 255
@@ -305,9 +334,9 @@ def test_dst_that_is_not_a_store_is_refused(tmp_path, tiny_tree):
 
 
 def test_shuffle_is_seeded_and_labels_follow(tmp_path, tiny_tree):
-    convert(tiny_tree, tmp_path / "s1", ConvertOptions(shuffle=True, seed=3, **QUIET))
-    convert(tiny_tree, tmp_path / "s2", ConvertOptions(shuffle=True, seed=3, **QUIET))
-    convert(tiny_tree, tmp_path / "s3", ConvertOptions(shuffle=True, seed=4, **QUIET))
+    convert(tiny_tree, tmp_path / "s1", ConvertOptions(shuffle=True, seed=3, lossless=True, **QUIET))
+    convert(tiny_tree, tmp_path / "s2", ConvertOptions(shuffle=True, seed=3, lossless=True, **QUIET))
+    convert(tiny_tree, tmp_path / "s3", ConvertOptions(shuffle=True, seed=4, lossless=True, **QUIET))
     a, b, c = (LMDBImageDataset(tmp_path / n) for n in ("s1", "s2", "s3"))
     plain = ImageFolder(str(tiny_tree))
     assert list(a.samples) == list(b.samples)
@@ -322,7 +351,7 @@ def test_shuffle_is_seeded_and_labels_follow(tmp_path, tiny_tree):
 
 def test_shards_open_as_one_dataset(tmp_path, tiny_tree):
     for i in range(3):
-        convert(tiny_tree, tmp_path / "sharded", ConvertOptions(num_shards=3, shard_index=i, **QUIET))
+        convert(tiny_tree, tmp_path / "sharded", ConvertOptions(num_shards=3, shard_index=i, lossless=True, **QUIET))
     ds = LMDBImageDataset(tmp_path / "sharded")
     plain = ImageFolder(str(tiny_tree))
     assert len(ds) == len(plain)
@@ -352,6 +381,8 @@ def test_max_side_reencodes_large_images(tmp_path, tiny_tree):
             assert fmt.STORED_AS[meta.stored_as[i]] == "reencoded"
             assert ds.get_bytes(i)[:3] == b"\xff\xd8\xff"
             assert abs(img.size[0] / img.size[1] - src_size[0] / src_size[1]) < 0.05
+        elif ds.samples[i][0].endswith(".png"):  # small, but not a JPEG: JPEG q95 4:4:4 (not lossless)
+            assert fmt.STORED_AS[meta.stored_as[i]] == "reencoded" and ds.get_bytes(i)[:3] == b"\xff\xd8\xff"
         else:
             assert ds.get_bytes(i) == (tiny_tree / ds.samples[i][0]).read_bytes()
 
