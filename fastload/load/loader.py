@@ -195,6 +195,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._resume_iterable and self.num_workers == 0 and plan["dataset_state"] is not None:
             self.dataset.load_state_dict(plan["dataset_state"])
         gens = self._resume_generators()
+        if plan["order"] is not None and plan["order"]["kind"] == "replay":
+            # the replay puts the loader's generator where the saved epoch's order left it
+            # (ResumableIndex._replay), not the saved "generator", which depends on how far the
+            # saving run's workers had read ahead; only torch's global RNG is kept
+            gens = {"global": gens["global"]}
         now = _state.rng_snapshot(gens)
         try:  # building the resumed iterator must not consume the user's random draws
             it = super().__iter__()
@@ -300,8 +305,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if rec is not None and not rec.finished:
             done = rec.plan["batches"] if rec.plan is not None else 0
             sd.update(epoch=rec.epoch, batches=done + rec.batches, sample_seed=rec.sample_seed)
-            order = dict(rec.order) if rec.order is not None else None
-            if order is not None and order["kind"] == "distributed":
+            order = rec.order
+            if order is None and not self._resume_iterable:  # iter() was called, next() not yet
+                order = self._index_sampler.pending_order(rec)
+            order = dict(order) if order is not None else None
+            if order is not None and order["kind"] == "distributed" and rec.batches:
                 per = self.batch_size if self.batch_sampler is not None else 1
                 order["consumed"] += order["world"] * min(rec.batches * per, rec.rank_len)
             sd["order"] = order

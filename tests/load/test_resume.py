@@ -207,6 +207,63 @@ def test_preset_augmentation_depends_on_seed_epoch_index_not_on_workers_or_resum
     assert not torch.equal(torch.cat([im for im, _ in loader2]), ref)  # epoch 1 draws new crops
 
 
+# saving and resuming backend (one pair until the thread pipeline is resumable)
+PAIRS = [pytest.param("processes", "processes", id="processes-to-processes")]
+
+
+@pytest.mark.parametrize("saved_by, resumed_by", PAIRS)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_before_the_first_batch_resumes_that_epoch(saved_by, resumed_by, workers):
+    """iter() called, next() not yet: the epoch's order (and the generator it drew from) is kept."""
+    def make(backend):
+        return DataLoader(Indexed(23), batch_size=4, shuffle=True, num_workers=workers, backend=backend,
+                          generator=torch.Generator().manual_seed(2))
+
+    def state_after_iter(loader) -> dict:
+        it = iter(loader)
+        sd = roundtrip(loader.state_dict())
+        del it
+        assert sd["batches"] == 0
+        return sd
+
+    ref = make(saved_by)
+    whole = [ids(ref) for _ in range(3)]
+    resumed = make(resumed_by)
+    resumed.load_state_dict(state_after_iter(make(saved_by)))
+    again = make(resumed_by)  # a resumed loader's state before its first batch is that state again
+    again.load_state_dict(state_after_iter(resumed))
+    assert [ids(again) for _ in range(3)] == whole
+    between = make(saved_by)
+    ids(between)
+    resumed = make(resumed_by)  # saved between epochs, resumed, iter() but no next()
+    resumed.load_state_dict(roundtrip(between.state_dict()))
+    again = make(resumed_by)
+    again.load_state_dict(state_after_iter(resumed))
+    assert [ids(again) for _ in range(2)] == whole[1:]
+
+
+@pytest.mark.parametrize("saved_by, resumed_by", PAIRS)
+def test_state_counts_the_batches_received_not_those_read_ahead(saved_by, resumed_by):
+    """The saving run's workers or threads have read the sampler further (to its end, where
+    RandomSampler draws from the generator again) than the resuming run will have: neither the
+    rest of the epoch nor the next one may depend on it."""
+    def make(backend, workers, prefetch):
+        return DataLoader(Indexed(23), batch_size=4, shuffle=True, num_workers=workers, backend=backend,
+                          prefetch_factor=prefetch, generator=torch.Generator().manual_seed(3))
+
+    ref = make(saved_by, 0, None)
+    whole = ids(ref) + ids(ref)
+    loader = make(saved_by, 2, 4)  # takes indices 4 (threads) or 8 (processes) batches ahead: to the end
+    it = iter(loader)
+    head = ids(next(it) for _ in range(2))
+    sd = roundtrip(loader.state_dict())
+    assert sd["batches"] == 2
+    del it
+    resumed = make(resumed_by, 0, None)  # reads nothing ahead
+    resumed.load_state_dict(sd)
+    assert head + ids(resumed) + ids(resumed) == whole
+
+
 def dist_loader(n, world, rank, batch, seed=0, epoch=0, drop_last=False):
     s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
     s.set_epoch(epoch)
