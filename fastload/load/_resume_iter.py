@@ -277,7 +277,7 @@ class ResumableIndex:
             # generators stay where the replay left them, i.e. where the saved run's were after
             # drawing these batches, so the rest of the epoch (RandomSampler draws again when it
             # runs out) leaves them where the uninterrupted run's are at the epoch's end, however
-            # far ahead of the caller the saving run's workers had read the sampler.
+            # far ahead of the caller the saving run's workers or threads had read the sampler.
             rng_restore(gens, user)
         rec.order = order
         yield from first[skip:]
