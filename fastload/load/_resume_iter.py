@@ -243,18 +243,29 @@ class ResumableIndex:
             it = self._fresh(rec)
         yield from self._seeded(rec, it)
 
-    def _fresh(self, rec):
+    def order_now(self, rec) -> dict:
+        """How an epoch whose order is drawn now is rebuilt: the sampler's state and the RNG's."""
         part = self.stateful_part()
+        return {"kind": "replay", "sampler": part.state_dict() if part is not None else None,
+                "rng": rng_snapshot(self.generators(rec.loader_generator))}
+
+    def pending_order(self, rec) -> dict | None:
+        """``rec``'s order when its epoch started but has not drawn it yet (torch's single-process
+        iterator draws at the first ``next()``), as it will be drawn; None under DistributedSampler."""
+        if rec.plan is not None and rec.plan["order"] is not None:  # resumed: the saved order
+            return rec.plan["order"]
+        return None if _find_distributed(self.inner)[0] is not None else self.order_now(rec)
+
+    def _fresh(self, rec):
         if rec is not None:
-            rec.order = {"kind": "replay", "sampler": part.state_dict() if part is not None else None,
-                         "rng": rng_snapshot(self.generators(rec.loader_generator))}
+            rec.order = self.order_now(rec)
         yield from self.inner
 
     def _replay(self, rec, plan):
         gens = self.generators(rec.loader_generator)
         order, skip = plan["order"], plan["batches"]
-        now = rng_snapshot(gens)
-        try:  # draw the saved epoch's order from the saved RNG state, then give the user's back
+        user = rng_snapshot({"global": gens["global"]})
+        try:  # draw the saved epoch's order from the saved RNG state
             rng_restore(gens, order["rng"])
             part = self.stateful_part()
             if part is not None and order["sampler"] is not None:
@@ -262,7 +273,12 @@ class ResumableIndex:
             it = iter(self.inner)
             first = list(itertools.islice(it, skip + 1))
         finally:
-            rng_restore(gens, now)
+            # torch's global RNG is the user's: given back. The loader's and the sampler's own
+            # generators stay where the replay left them, i.e. where the saved run's were after
+            # drawing these batches, so the rest of the epoch (RandomSampler draws again when it
+            # runs out) leaves them where the uninterrupted run's are at the epoch's end, however
+            # far ahead of the caller the saving run's workers or threads had read the sampler.
+            rng_restore(gens, user)
         rec.order = order
         yield from first[skip:]
         yield from it

@@ -17,10 +17,13 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
   The previous count is restored when the epoch ends or the workers shut down.
 * ``state_dict()`` / ``load_state_dict(sd)``: torchdata ``StatefulDataLoader``'s API, built
   on torch's own iterators (``_resume_iter.py``) so every batch is still made by torch's
-  code; exact mid-epoch resume and elastic resume across world sizes (``state.py``).
+  code; exact mid-epoch resume and elastic resume across world sizes (``state.py``). Both
+  backends keep the same record (the thread pipeline reports to the same hooks) and write
+  the same state: one saved with ``backend="processes"`` resumes with ``"threads"`` and back.
 * With a fastload preset transform (``train_transform()``), each sample's augmentation
-  draws from torch's RNG seeded by ``(seed, epoch, index)``, so it does not depend on which
-  worker (or rank) loads the sample, or on whether the run was resumed.
+  draws from an RNG seeded by ``(seed, epoch, index)`` (torch's, restored after, in
+  processes; a generator of its own in threads), so it does not depend on which worker,
+  thread or rank loads the sample, on the backend, or on whether the run was resumed.
 
 * ``backend="processes"`` (default) is torch's worker processes. ``backend="threads"``
   makes the batches with ``num_workers`` threads of this process instead (``threads.py``:
@@ -31,7 +34,6 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
   ``__getitem__`` is not run in the parent); when it cannot hold them, ``SharedMemoryError`` says how to fix it
   instead of the workers dying with "Bus error" (``workers.py`` says why switching torch's
   sharing strategy would not help).
-* ``state_dict()`` is not available with ``backend="threads"`` yet (a clear error says so).
 
 Must not: change what a batch contains (that is the dataset's and collate's business).
 """
@@ -45,7 +47,7 @@ import torch.distributed as dist
 import torch.utils.data
 from torch.utils.data import DistributedSampler, IterableDataset
 
-from fastload.errors import FastloadError, ResumeStateError
+from fastload.errors import ResumeStateError
 from fastload.load import _resume_iter as _ri
 from fastload.load import state as _state
 from fastload.load.dataset import LMDBImageDataset
@@ -124,9 +126,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self.sampler.set_epoch(self._epoch)
         self._epoch += 1
         if self.backend == "threads":  # each loader thread runs one intra-op thread (threads.py)
-            from fastload.load.threads import ThreadBatchIterator
-
-            return ThreadBatchIterator(self, epoch=self._epoch - 1)
+            return self._resume_iter()
         if self.num_workers > 0 and getattr(self, "_iterator", None) is None:
             self._check_shm()
         before = None
@@ -183,21 +183,34 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         finally:
             self.worker_init_fn, self.collate_fn = user_init, user_collate
 
+    def _new_iterator(self):
+        """torch's iterator for this epoch (``_get_iterator`` below), or the thread pipeline's."""
+        if self.backend == "threads":
+            from fastload.load.threads import ThreadBatchIterator
+
+            return ThreadBatchIterator(self)
+        return super().__iter__()
+
     def _resume_iter(self):
         plan = self._resume_plan
         if plan is None:
-            return super().__iter__()
+            return self._new_iterator()
         if plan["order"] is None and not plan["batches"] and plan["workers"] is None:
             # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
             if self._resume_iterable and plan["dataset_state"] is not None:
                 self.dataset.load_state_dict(plan["dataset_state"])
-            return super().__iter__()
+            return self._new_iterator()
         if self._resume_iterable and self.num_workers == 0 and plan["dataset_state"] is not None:
             self.dataset.load_state_dict(plan["dataset_state"])
         gens = self._resume_generators()
+        if plan["order"] is not None and plan["order"]["kind"] == "replay":
+            # the replay puts the loader's generator where the saved epoch's order left it
+            # (ResumableIndex._replay), not the saved "generator", which depends on how far the
+            # saving run's workers or threads had read ahead; only torch's global RNG is kept
+            gens = {"global": gens["global"]}
         now = _state.rng_snapshot(gens)
         try:  # building the resumed iterator must not consume the user's random draws
-            it = super().__iter__()
+            it = self._new_iterator()
             if self._resume_iterable and not _ri.is_stateful(self.dataset) and plan["batches"]:
                 for _ in range(plan["batches"]):  # no state to load: fast-forward by reading
                     next(it)
@@ -270,11 +283,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return {"kind": "iterable" if self._resume_iterable else "map", "length": length,
                 "identity": self._resume_ident[0], "seed": seed, "distributed": dist_sampler is not None}
 
-    def _refuse_threads(self) -> None:
-        if self.backend == "threads":
-            raise FastloadError("state_dict()/load_state_dict() are not available with backend='threads' yet.\n"
-                                "HINT: use backend='processes' (the default) for a resumable loader.")
-
     def state_dict(self) -> dict:
         """The loader's position, to resume from with ``load_state_dict`` (torchdata's API).
 
@@ -283,8 +291,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         across world sizes under ``DistributedSampler``). The state holds no sample data:
         a few ints, RNG states (~5 KB each), and your sampler's / dataset's own states.
         Cost: O(1) for map-style datasets; an iterable dataset's ``state_dict()`` per call.
+        Either backend: it counts the batches you received, not those being made ahead.
         """
-        self._refuse_threads()
         if self._resume_plan is not None:  # loaded and not started yet: the same position
             return dict(self._resume_plan)
         facts = self._resume_facts()
@@ -300,8 +308,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if rec is not None and not rec.finished:
             done = rec.plan["batches"] if rec.plan is not None else 0
             sd.update(epoch=rec.epoch, batches=done + rec.batches, sample_seed=rec.sample_seed)
-            order = dict(rec.order) if rec.order is not None else None
-            if order is not None and order["kind"] == "distributed":
+            order = rec.order
+            if order is None and not self._resume_iterable:  # iter() was called, next() not yet
+                order = self._index_sampler.pending_order(rec)
+            order = dict(order) if order is not None else None
+            if order is not None and order["kind"] == "distributed" and rec.batches:
                 per = self.batch_size if self.batch_sampler is not None else 1
                 order["consumed"] += order["world"] * min(rec.batches * per, rec.rank_len)
             sd["order"] = order
@@ -321,7 +332,6 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 non-distributed epoch) or ``num_workers`` (iterable datasets); the message
                 names what differs.
         """
-        self._refuse_threads()
         facts = self._resume_facts()
         sd = _state.check_state(state_dict, kind=facts["kind"], length=facts["length"],
                                 identity=facts["identity"], seed=facts["seed"], batch_size=self.batch_size,

@@ -31,15 +31,28 @@ Two paths, chosen per loader:
 
 * **Generic path**: any other map-style dataset or collate: each task runs
   ``dataset[i]``; the thread finishing a batch's last sample runs ``collate_fn`` (and pins
-  when asked). Determinism then depends on the dataset (torch's global RNG is shared by
-  all threads, so a transform drawing from it gives crops that depend on scheduling).
+  when asked). An ``LMDBImageDataset`` with a preset is still seeded per sample (below);
+  otherwise determinism depends on the dataset (torch's global RNG is shared by all
+  threads, so a transform drawing from it gives crops that depend on scheduling).
 
-Determinism (fast path): each sample's random draws (crop box, flip) come from its own
-``torch.Generator`` seeded from ``(base seed, epoch, index)``. The base seed is drawn per
-epoch exactly as torch's DataLoader draws its ``_base_seed`` (one ``random_`` from the
-loader's ``generator``, else from the global RNG), after the sampler's iterator is made.
-So the same seed gives the same samples in the same batches with the same crops whatever
-the thread count, including 0 (decoding in the calling thread).
+Determinism and resume: the iterator runs on the loader's epoch record (``loader.py``,
+``_resume_iter.py``), exactly as torch's iterators do under ``backend="processes"``: the
+epoch's order comes from the loader's (resumable) index sampler, and each sample's random
+draws (crop box, flip) from its own ``torch.Generator`` seeded with
+``mix_seed(sample seed, epoch, index)`` (``state.py``): the very seed the processes backend
+seeds torch's RNG with for that sample. The epoch's sample seed is the first draw of the
+iterator (one ``random_`` from the loader's ``generator``, else from the global RNG, after
+the sampler's iterator is made, as torch draws its ``_base_seed``), derived from the
+``DistributedSampler``'s seed under one, or the saved one on resume. So the same seed gives
+the same samples in the same batches with the same crops whatever the thread count,
+including 0 (decoding in the calling thread), and the same as ``backend="processes"``; a
+state saved by either backend resumes on the other. Seeded samples: the fast path, and the
+generic path over an ``LMDBImageDataset`` with a preset (``getitem(i, generator=...)``).
+
+The loader's ``state_dict()`` counts the batches handed to the caller (``__next__``
+returned them), never those the threads have filled ahead; the order is drawn when the
+iterator is made (the first indices are taken then, as torch's worker iterator does), so a
+state taken between ``iter()`` and the first ``next()`` already pins the epoch's order.
 
 Bounded: at most ``prefetch_factor`` (default 2) batches are being filled ahead of the
 one handed out. Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops
@@ -71,20 +84,12 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from fastload.load.dataset import LMDBImageDataset
+from fastload.load.state import mix_seed
 from fastload.load.transforms import collate_uint8
 
-__all__ = ["ThreadBatchIterator", "sample_seed", "check_thread_backend"]
+__all__ = ["ThreadBatchIterator", "check_thread_backend"]
 
-_MASK64 = (1 << 64) - 1
 JOIN_TIMEOUT_S = 30.0
-
-
-def sample_seed(base_seed: int, epoch: int, index: int) -> int:
-    """The seed of sample ``index``'s generator in ``epoch`` (splitmix64 of the three)."""
-    z = (base_seed * 0x9E3779B97F4A7C15 + epoch * 0xBF58476D1CE4E5B9 + index * 0x94D049BB133111EB) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return (z ^ (z >> 31)) & ((1 << 63) - 1)
 
 
 def check_thread_backend(loader) -> None:
@@ -227,24 +232,32 @@ class _Batch:
 class _Job:
     """What the tasks need, without a reference to the iterator (so it can be collected)."""
 
-    def __init__(self, loader, base_seed: int, epoch: int, fast: bool, stopping: threading.Event) -> None:
+    def __init__(self, loader, sample_seed: int | None, epoch: int, fast: bool, stopping: threading.Event) -> None:
         self.dataset = loader.dataset
         self.collate_fn = loader.collate_fn
         self.auto_collation = loader._auto_collation
         self.pin = bool(loader.pin_memory) and torch.cuda.is_available()
-        self.base_seed, self.epoch, self.fast, self.stopping = base_seed, epoch, fast, stopping
-        transform = getattr(self.dataset, "transform", None)
-        self.seeded = fast and _takes_generator(transform.from_bytes)
+        self.sample_seed, self.epoch, self.fast, self.stopping = sample_seed, epoch, fast, stopping
+        from_bytes = getattr(getattr(self.dataset, "transform", None), "from_bytes", None)
+        # the generic path seeds too when the dataset can take a generator (what the processes
+        # backend does with torch's RNG, which threads share and so cannot seed per sample)
+        self.seeded = (sample_seed is not None and from_bytes is not None and _takes_generator(from_bytes)
+                       and isinstance(self.dataset, LMDBImageDataset))
         if fast:
-            self.shape = (3, transform.size, transform.size)
+            self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
 
     def run(self, batch: _Batch, pos: int) -> None:
         try:
             if self.stopping.is_set() or batch.error is not None:
                 return
             index = batch.indices[pos]
+            gen = None
+            if self.seeded:
+                gen = torch.Generator().manual_seed(mix_seed(self.sample_seed, self.epoch, index))
             if self.fast:
-                self._fast(batch, pos, index)
+                self._fast(batch, pos, index, gen)
+            elif gen is not None:
+                batch.samples[pos] = self.dataset.getitem(index, generator=gen)
             else:
                 batch.samples[pos] = self.dataset[index]
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -253,10 +266,7 @@ class _Job:
         finally:
             batch.finish_one(None if self.fast else self._collate)
 
-    def _fast(self, batch: _Batch, pos: int, index: int) -> None:
-        gen = None
-        if self.seeded:
-            gen = torch.Generator().manual_seed(sample_seed(self.base_seed, self.epoch, index))
+    def _fast(self, batch: _Batch, pos: int, index: int, gen: torch.Generator | None) -> None:
         image, label = self.dataset.getitem(index, generator=gen)
         if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or tuple(image.shape) != self.shape:
             got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
@@ -280,31 +290,39 @@ class ThreadBatchIterator(Iterator):
     """One epoch of ``loader``'s batches, made by ``loader.num_workers`` threads.
 
     Made by ``fastload.DataLoader.__iter__`` when ``backend="threads"``; see the module
-    docstring for the paths, buffers, determinism and shutdown.
+    docstring for the paths, buffers, determinism, resume and shutdown.
 
     Args:
         loader: the ``fastload.DataLoader`` (its dataset, sampler, collate, pin_memory,
-            prefetch_factor, timeout and generator are used as torch's iterators use them).
-        epoch: the epoch number mixed into each sample's seed.
+            prefetch_factor, timeout and generator are used as torch's iterators use them;
+            its epoch record is told when the epoch starts, each batch handed out, and the end).
     """
 
-    def __init__(self, loader, epoch: int = 0) -> None:
+    def __init__(self, loader) -> None:
+        self._loader = weakref.ref(loader)  # as torch's iterators: the iterator does not keep its loader alive
         self._len = len(loader)
         self._sampler_iter = iter(loader._index_sampler)  # before the base seed, as torch does
-        self.base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
-        self.epoch = epoch
+        self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+        loader._resume_epoch_started(self)
+        rec = loader._resume_live
+        self.epoch, self.sample_seed = rec.epoch, rec.sample_seed
         self.fast = _fast_path(loader)
         self._auto_collation = loader._auto_collation
         self._timeout = loader.timeout
         self._depth = max(1, loader.prefetch_factor or 2)
         stopping = threading.Event()
-        self._job = _Job(loader, self.base_seed, epoch, self.fast, stopping)
+        self._job = _Job(loader, self.sample_seed, self.epoch, self.fast, stopping)
         self._buffers = _Buffers(self._job.shape, self._job.pin, keep=self._depth + 2) if self.fast else None
         self._inflight: deque[_Batch] = deque()
-        self._exhausted = False
+        self._exhausted = self._closed = False
         n = int(loader.num_workers)
-        self._pool = _Pool(n, stopping) if n > 0 else None  # last: nothing after it can fail and leak threads
+        self._pool = _Pool(n, stopping) if n > 0 else None
         self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
+        try:  # the order is drawn now, not at the first next(): a state taken before it then holds it
+            self._fill(self._depth if self._pool is not None else 1)
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -334,38 +352,50 @@ class ThreadBatchIterator(Iterator):
                 self._pool.submit(self._job.run, batch, pos)
         return True
 
-    def _fill(self) -> None:
-        while not self._exhausted and len(self._inflight) < self._depth:
+    def _fill(self, depth: int) -> None:
+        while not self._exhausted and len(self._inflight) < depth:
             if not self._submit_next():
                 break
+
+    def _end(self) -> StopIteration:
+        """The epoch is over: tell the loader (unless closed early), stop the pool."""
+        loader = self._loader()
+        if not self._closed and loader is not None:
+            loader._resume_epoch_ended(self)
+        self.close()
+        return StopIteration()
 
     def __next__(self) -> Any:
         if self._pool is None:  # num_workers=0: the same tasks, in the calling thread
             if not self._inflight and not self._submit_next():
-                raise StopIteration
+                raise self._end()
             batch = self._inflight.popleft()
             for pos in range(len(batch.indices)):
                 self._job.run(batch, pos)
         else:
             if not self._inflight:
-                self._fill()
+                self._fill(self._depth)
             if not self._inflight:
-                self.close()
-                raise StopIteration
-            batch = self._inflight[0]
-            self._inflight.popleft()
-            self._fill()  # keep the threads busy while this one finishes and is used
+                raise self._end()
+            batch = self._inflight.popleft()
+            self._fill(self._depth)  # keep the threads busy while this one finishes and is used
             if not batch.done.wait(self._timeout if self._timeout > 0 else None):
                 raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         if batch.error is not None:
             raise batch.error
-        if self.fast:
-            return batch.images, torch.tensor(batch.labels, dtype=torch.int64)
-        return batch.result
+        out = (batch.images, torch.tensor(batch.labels, dtype=torch.int64)) if self.fast else batch.result
+        loader = self._loader()
+        if loader is not None:  # counted only now: the state describes what the caller received
+            loader._resume_batch_yielded(self)
+        return out
 
     def close(self) -> None:
-        """Stop the pool and join its threads (idempotent); later ``next()`` calls end the epoch."""
-        self._exhausted = True
+        """Stop the pool and join its threads (idempotent); later ``next()`` calls end the epoch.
+
+        A loader state taken after ``close()`` mid-epoch still resumes at the next batch not
+        handed out (the epoch is not counted as finished).
+        """
+        self._exhausted = self._closed = True
         self._inflight.clear()
         if self._closer is not None:
             self._closer()

@@ -1,10 +1,11 @@
 """Run under torchrun by tests/load/test_resume_elastic.py: save mid-epoch with W ranks, resume with W'.
 
-    torchrun --nproc_per_node=W resume_ddp.py PHASE OUT_DIR [K]
+    torchrun --nproc_per_node=W resume_ddp.py PHASE OUT_DIR K BACKEND
 
 PHASE "full": run epochs 0 and 1 uninterrupted. "save": take K batches of epoch 0, rank 0
 writes the loader state (and every rank what it read). "resume": every rank loads rank 0's
-state, finishes epoch 0, runs epoch 1. Each rank writes OUT_DIR/PHASE-rank{r}.json.
+state, finishes epoch 0, runs epoch 1. Each rank writes OUT_DIR/PHASE-rank{r}.json. BACKEND is
+the loader's ``backend`` ("processes" or "threads").
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ class Indexed(Dataset):
         return i
 
 
-def main(phase: str, out: str, k: int) -> None:
+def main(phase: str, out: str, k: int, backend: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     loader = DataLoader(Indexed(), batch_size=4, shuffle=True, num_workers=1,
-                        generator=torch.Generator().manual_seed(17))
+                        generator=torch.Generator().manual_seed(17), backend=backend)
     record: dict = {"world": dist.get_world_size(), "sampler": type(loader.sampler).__name__}
     if phase == "full":
         record["epochs"] = [[int(i) for b in loader for i in b] for _ in range(2)]
@@ -53,4 +54,4 @@ def main(phase: str, out: str, k: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])

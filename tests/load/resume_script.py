@@ -2,7 +2,10 @@
 
     python resume_script.py CONFIG_JSON
 
-CONFIG keys: kind ("map" | "iterable"), n, batch, workers, shuffle, persistent,
+CONFIG keys: kind ("map" | "iterable" | "store": the LMDB store at ``store`` with
+``train_transform(32)``, each sample recorded as "label:crc32 of its pixels", so the crops
+are compared too), backend ("processes" | "threads"; resume_backend: the resumed runs'
+backend, default the same), n, batch, workers, shuffle, persistent,
 generator (seed or null), seed (torch.manual_seed at start), save_at (list of k: after k
 batches of epoch 0 write {"loader": state_dict(), "rng": torch RNG} to ckpt_dir/k.pt),
 resume (a checkpoint path or null: load it, then finish that epoch; or a list of paths: a fresh
@@ -18,11 +21,13 @@ import json
 import os
 import sys
 import time
+import zlib
 
 import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from fastload import DataLoader
+from fastload import DataLoader, LMDBImageDataset
+from fastload.load.transforms import train_transform
 
 
 class Indexed(Dataset):
@@ -62,12 +67,25 @@ class Counting(IterableDataset):
         self._start = self.pos = int(state["pos"])
 
 
-def build(cfg: dict) -> DataLoader:
-    ds = Indexed(cfg["n"]) if cfg["kind"] == "map" else Counting(cfg["n"])
+def build(cfg: dict, resumed: bool) -> DataLoader:
+    if cfg["kind"] == "store":
+        ds = LMDBImageDataset(cfg["store"], transform=train_transform(32), on_error=cfg.get("on_error", "raise"))
+    else:
+        ds = Indexed(cfg["n"]) if cfg["kind"] == "map" else Counting(cfg["n"])
     gen = torch.Generator().manual_seed(cfg["generator"]) if cfg.get("generator") is not None else None
-    kw = dict(shuffle=cfg.get("shuffle", False)) if cfg["kind"] == "map" else {}
-    return DataLoader(ds, batch_size=cfg["batch"], num_workers=cfg["workers"], generator=gen,
+    kw = dict(shuffle=cfg.get("shuffle", False)) if cfg["kind"] != "iterable" else {}
+    backend = cfg.get("backend", "processes")
+    if resumed:
+        backend = cfg.get("resume_backend", backend)
+    return DataLoader(ds, batch_size=cfg["batch"], num_workers=cfg["workers"], generator=gen, backend=backend,
                       persistent_workers=cfg.get("persistent", False) and cfg["workers"] > 0, **kw)
+
+
+def record(batch) -> list:
+    if isinstance(batch, (list, tuple)):  # (images, labels) from a store
+        images, labels = batch
+        return [f"{int(y)}:{zlib.crc32(x.numpy().tobytes()):08x}" for x, y in zip(images, labels)]
+    return [int(i) for i in batch]
 
 
 def save(path: str, loader: DataLoader, step: int) -> None:
@@ -78,7 +96,7 @@ def save(path: str, loader: DataLoader, step: int) -> None:
 
 def run(cfg: dict, resume: str | None) -> list[list[list[int]]]:
     torch.manual_seed(cfg.get("seed", 0))
-    loader = build(cfg)
+    loader = build(cfg, resumed=bool(resume))
     epochs: list[list[list[int]]] = []
     save_at = set(cfg.get("save_at", []))
     log = open(cfg["log"], "a") if cfg.get("log") else None
@@ -93,7 +111,7 @@ def run(cfg: dict, resume: str | None) -> list[list[list[int]]]:
         if e == 0 and 0 in save_at:
             save(f"{cfg['ckpt_dir']}/0.pt", loader, 0)
         for batch in loader:
-            batches.append([int(i) for i in batch])
+            batches.append(record(batch))
             step += 1
             if log is not None:
                 log.write(json.dumps({"step": step, "ids": batches[-1]}) + "\n")

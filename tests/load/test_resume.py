@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,23 +32,34 @@ def run_script(cfg: dict, timeout: float = 120) -> dict:
     return json.loads(Path(cfg["out"]).read_text())
 
 
-CASES = [
-    pytest.param("map", 0, False, id="map-0w", marks=pytest.mark.slow),
-    pytest.param("map", 0, True, id="map-0w-shuffle"),
-    pytest.param("iterable", 0, False, id="iterable-0w"),
-    pytest.param("map", 2, True, id="map-2w-shuffle"),
-    pytest.param("map", 2, False, id="map-2w", marks=pytest.mark.slow),
-    pytest.param("iterable", 2, False, id="iterable-2w", marks=pytest.mark.slow),
+CASES = [  # kind, workers (threads with backend="threads"), shuffle, saving backend, resuming backend
+    pytest.param("map", 0, False, "processes", "processes", id="map-0w", marks=pytest.mark.slow),
+    pytest.param("map", 0, True, "processes", "processes", id="map-0w-shuffle"),
+    pytest.param("iterable", 0, False, "processes", "processes", id="iterable-0w"),
+    pytest.param("map", 2, True, "processes", "processes", id="map-2w-shuffle"),
+    pytest.param("map", 2, False, "processes", "processes", id="map-2w", marks=pytest.mark.slow),
+    pytest.param("iterable", 2, False, "processes", "processes", id="iterable-2w", marks=pytest.mark.slow),
+    pytest.param("map", 2, True, "threads", "threads", id="threads-map-2t-shuffle"),
+    pytest.param("map", 0, False, "threads", "threads", id="threads-map-0t", marks=pytest.mark.slow),
+    pytest.param("store", 2, True, "threads", "threads", id="threads-store-2t-shuffle"),
+    pytest.param("store", 2, True, "threads", "processes", id="threads-to-processes-store"),
+    pytest.param("store", 2, False, "processes", "threads", id="processes-to-threads-store", marks=pytest.mark.slow),
+    pytest.param("store", 1, True, "processes", "processes", id="store-1w-shuffle", marks=pytest.mark.slow),
 ]
 
 
-@pytest.mark.parametrize("kind, workers, shuffle", CASES)
-def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path, kind, workers, shuffle):
-    base = dict(kind=kind, n=22, batch=4, workers=workers, shuffle=shuffle, ckpt_dir=str(tmp_path))
-    n_batches = 6  # 22 samples in batches of 4 (iterable, 2 workers: 3 + 3 batches, one partial each)
+@pytest.mark.parametrize("kind, workers, shuffle, backend, resume_backend", CASES)
+def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path, tiny_store, kind, workers, shuffle,
+                                                              backend, resume_backend):
+    n = 24 if kind == "store" else 22  # the store: tiny_store's 24 samples, crops compared as well
+    base = dict(kind=kind, n=n, batch=4, workers=workers, shuffle=shuffle, ckpt_dir=str(tmp_path),
+                store=str(tiny_store), backend=backend, resume_backend=resume_backend)
+    n_batches = 6  # 22 or 24 samples in batches of 4 (iterable, 2 workers: 3 + 3 batches, one partial each)
     full = run_script({**base, "save_at": [0, 2, 3, n_batches], "epochs": 2, "out": str(tmp_path / "full.json")})
     epoch0, epoch1 = full["epochs"]
-    assert len(epoch0) == n_batches and sorted(i for b in epoch0 for i in b) == list(range(22))
+    assert len(epoch0) == n_batches and sum(map(len, epoch0)) == n
+    if kind != "store":
+        assert sorted(i for b in epoch0 for i in b) == list(range(n))
     ks = (0, 2, 3, n_batches)
     # seed 999: the resuming process's own RNG must not matter; the checkpoint restores it
     runs = run_script({**base, "resume": [str(tmp_path / f"{k}.pt") for k in ks], "seed": 999, "epochs": 2,
@@ -55,8 +67,8 @@ def test_resume_in_a_new_process_equals_the_uninterrupted_run(tmp_path, kind, wo
     for k, rest in zip(ks, runs):
         assert epoch0[:k] + rest[0] == epoch0, f"k={k}"
         assert rest[1] == epoch1, f"k={k}: the next epoch differs"
-    if shuffle:
-        assert epoch0 != epoch1
+    if shuffle or kind == "store":
+        assert epoch0 != epoch1  # reshuffled, or (store) new crops
 
 
 @pytest.mark.slow
@@ -70,10 +82,11 @@ def test_persistent_workers_resume_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigkill_after_checkpoint_then_restart_covers_the_epoch_once(tmp_path):
+@pytest.mark.parametrize("backend", ["processes", "threads"])
+def test_sigkill_after_checkpoint_then_restart_covers_the_epoch_once(tmp_path, backend):
     log = tmp_path / "log.jsonl"
     base = dict(kind="map", n=40, batch=4, workers=2, shuffle=True, generator=3, ckpt_dir=str(tmp_path),
-                log=str(log), every=3, step_sleep=0.15)
+                log=str(log), every=3, step_sleep=0.15, backend=backend)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cfg = {**base, "out": str(tmp_path / "first.json")}
     proc = subprocess.Popen([sys.executable, str(SCRIPT), json.dumps(cfg)], env=env, start_new_session=True)
@@ -108,6 +121,10 @@ def test_sigkill_after_checkpoint_then_restart_covers_the_epoch_once(tmp_path):
 
 
 # ---- in-process: samplers, augmentation, elastic arithmetic, errors -------------------------
+
+# the loader's own arguments per backend: what a test builds runs once on each
+BACKENDS = [pytest.param({}, id="processes"), pytest.param({"backend": "threads", "num_workers": 2}, id="threads")]
+PAIRS = [pytest.param(a, b, id=f"{a}-to-{b}") for a in ("processes", "threads") for b in ("processes", "threads")]
 
 class Indexed(Dataset):
     def __init__(self, n: int) -> None:
@@ -151,9 +168,10 @@ class EveryThird(Sampler[int]):
         self.offset = sd["offset"]
 
 
-def test_custom_stateful_sampler_resumes_in_its_second_epoch():
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_custom_stateful_sampler_resumes_in_its_second_epoch(bk):
     def make():
-        return DataLoader(Indexed(20), batch_size=3, sampler=EveryThird(20))
+        return DataLoader(Indexed(20), batch_size=3, sampler=EveryThird(20), **bk)
 
     ref = make()
     e0, e1, e2 = ids(ref), ids(ref), ids(ref)
@@ -176,8 +194,9 @@ def test_index_sampler_still_reads_like_the_batch_sampler():
     assert len(it._index_sampler) == len(loader) == 3
 
 
-def test_state_is_small_and_picklable_and_holds_no_samples():
-    loader = DataLoader(Indexed(10_000), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_state_is_small_and_picklable_and_holds_no_samples(bk):
+    loader = DataLoader(Indexed(10_000), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1), **bk)
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
@@ -186,40 +205,110 @@ def test_state_is_small_and_picklable_and_holds_no_samples():
     assert roundtrip(sd) == sd
 
 
-def test_preset_augmentation_depends_on_seed_epoch_index_not_on_workers_or_resume(tiny_store):
-    ds = LMDBImageDataset(tiny_store, transform=train_transform(32))
+@pytest.fixture(scope="module")
+def store_with_a_bad_sample(tiny_store, tmp_path_factory):
+    """``tiny_store`` with sample 4 undecodable (its checksum matching: damage, not bit rot)."""
+    from helpers import put_undecodable
 
-    def make(workers, batch):
-        return DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=collate_uint8,
-                          generator=torch.Generator().manual_seed(11))
+    dst = shutil.copytree(tiny_store, tmp_path_factory.mktemp("bad") / "bad.lmdb")
+    put_undecodable(dst, 4)
+    return dst
 
-    ref = torch.cat([im for im, _ in make(0, 4)])
-    assert torch.equal(ref, torch.cat([im for im, _ in make(2, 4)]))  # any worker draws the same crop
-    loader = make(0, 4)
+
+@pytest.mark.parametrize("saved_by, resumed_by", PAIRS)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_preset_augmentation_depends_on_seed_epoch_index_not_on_workers_backend_or_resume(
+        tiny_store, store_with_a_bad_sample, saved_by, resumed_by, on_error):
+    store = tiny_store if on_error == "raise" else store_with_a_bad_sample  # skip: sample 5 stands in for 4
+    ds = LMDBImageDataset(store, transform=train_transform(32), on_error=on_error)
+
+    def make(workers, batch, backend):
+        return DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=collate_uint8, shuffle=True,
+                          generator=torch.Generator().manual_seed(11), backend=backend)
+
+    ref = make(0, 4, saved_by)
+    ref0, ref1 = (torch.cat([im for im, _ in ref]) for _ in range(2))
+    any_worker = make(2, 4, resumed_by)
+    assert torch.equal(ref0, torch.cat([im for im, _ in any_worker]))  # any worker or thread draws the same crop
+    assert not torch.equal(ref0, ref1)  # epoch 1 draws new crops
+    loader = make(0, 4, saved_by)
     it = iter(loader)
     head = [next(it)[0] for _ in range(2)]
-    resumed = make(2, 4)
-    resumed.load_state_dict(loader.state_dict())
-    assert torch.equal(torch.cat(head + [im for im, _ in resumed]), ref)
-    loader2 = make(0, 4)
-    first = torch.cat([im for im, _ in loader2])
-    assert torch.equal(first, ref)
-    assert not torch.equal(torch.cat([im for im, _ in loader2]), ref)  # epoch 1 draws new crops
+    resumed = make(2, 4, resumed_by)
+    resumed.load_state_dict(roundtrip(loader.state_dict()))
+    assert torch.equal(torch.cat(head + [im for im, _ in resumed]), ref0)
+    assert torch.equal(torch.cat([im for im, _ in resumed]), ref1)  # and the epoch after
+    if on_error == "skip":
+        assert ds.skipped > 0
 
 
-def dist_loader(n, world, rank, batch, seed=0, epoch=0, drop_last=False):
+@pytest.mark.parametrize("saved_by, resumed_by", PAIRS)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_state_before_the_first_batch_resumes_that_epoch(saved_by, resumed_by, workers):
+    """iter() called, next() not yet: the epoch's order (and the generator it drew from) is kept."""
+    def make(backend):
+        return DataLoader(Indexed(23), batch_size=4, shuffle=True, num_workers=workers, backend=backend,
+                          generator=torch.Generator().manual_seed(2))
+
+    def state_after_iter(loader) -> dict:
+        it = iter(loader)
+        sd = roundtrip(loader.state_dict())
+        del it
+        assert sd["batches"] == 0
+        return sd
+
+    ref = make(saved_by)
+    whole = [ids(ref) for _ in range(3)]
+    resumed = make(resumed_by)
+    resumed.load_state_dict(state_after_iter(make(saved_by)))
+    again = make(resumed_by)  # a resumed loader's state before its first batch is that state again
+    again.load_state_dict(state_after_iter(resumed))
+    assert [ids(again) for _ in range(3)] == whole
+    between = make(saved_by)
+    ids(between)
+    resumed = make(resumed_by)  # saved between epochs, resumed, iter() but no next()
+    resumed.load_state_dict(roundtrip(between.state_dict()))
+    again = make(resumed_by)
+    again.load_state_dict(state_after_iter(resumed))
+    assert [ids(again) for _ in range(2)] == whole[1:]
+
+
+@pytest.mark.parametrize("saved_by, resumed_by", PAIRS)
+def test_state_counts_the_batches_received_not_those_read_ahead(saved_by, resumed_by):
+    """The saving run's workers or threads have read the sampler further (to its end, where
+    RandomSampler draws from the generator again) than the resuming run will have: neither the
+    rest of the epoch nor the next one may depend on it."""
+    def make(backend, workers, prefetch):
+        return DataLoader(Indexed(23), batch_size=4, shuffle=True, num_workers=workers, backend=backend,
+                          prefetch_factor=prefetch, generator=torch.Generator().manual_seed(3))
+
+    ref = make(saved_by, 0, None)
+    whole = ids(ref) + ids(ref)
+    loader = make(saved_by, 2, 4)  # takes indices 4 (threads) or 8 (processes) batches ahead: to the end
+    it = iter(loader)
+    head = ids(next(it) for _ in range(2))
+    sd = roundtrip(loader.state_dict())
+    assert sd["batches"] == 2
+    del it
+    resumed = make(resumed_by, 0, None)  # reads nothing ahead
+    resumed.load_state_dict(sd)
+    assert head + ids(resumed) + ids(resumed) == whole
+
+
+def dist_loader(n, world, rank, batch, seed=0, epoch=0, drop_last=False, bk=None):
     s = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
     s.set_epoch(epoch)
-    return DataLoader(Indexed(n), batch_size=batch, sampler=s), s
+    return DataLoader(Indexed(n), batch_size=batch, sampler=s, **(bk or {})), s
 
 
 @pytest.mark.parametrize("n, world, new_world, k, batch", [
     (46, 2, 3, 2, 4), (46, 2, 2, 3, 4), (50, 4, 1, 1, 3), (37, 3, 2, 2, 5), (46, 2, 3, 0, 4), (46, 2, 5, 6, 4),
 ])
-def test_elastic_resume_covers_the_rest_of_the_epoch_once(n, world, new_world, k, batch):
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_elastic_resume_covers_the_rest_of_the_epoch_once(n, world, new_world, k, batch, bk):
     seen, states = [], []
     for r in range(world):
-        loader, _ = dist_loader(n, world, r, batch)
+        loader, _ = dist_loader(n, world, r, batch, bk=bk)
         it = iter(loader)
         seen += [i for _ in range(min(k, len(loader))) for i in next(it).tolist()]
         states.append(roundtrip(loader.state_dict()))
@@ -227,7 +316,7 @@ def test_elastic_resume_covers_the_rest_of_the_epoch_once(n, world, new_world, k
     unique_seen = set(seen)
     rest, per_rank = [], []
     for r in range(new_world):
-        loader, _ = dist_loader(n, new_world, r, batch)
+        loader, _ = dist_loader(n, new_world, r, batch, bk=bk)
         loader.load_state_dict(states[0])
         mine = [i for b in loader for i in b.tolist()]
         per_rank.append(len(mine))
@@ -242,19 +331,20 @@ def test_elastic_resume_covers_the_rest_of_the_epoch_once(n, world, new_world, k
         assert len(set(rest)) == len(rest) and not set(rest) & unique_seen
     if new_world == world:  # same world: exactly the uninterrupted run, rank by rank
         for r in range(world):
-            loader, _ = dist_loader(n, world, r, batch)
+            loader, _ = dist_loader(n, world, r, batch, bk=bk)
             whole = [i for b in loader for i in b.tolist()]
-            resumed, _ = dist_loader(n, world, r, batch)
+            resumed, _ = dist_loader(n, world, r, batch, bk=bk)
             resumed.load_state_dict(states[0])
             assert whole[min(k, len(loader)) * batch:] == [i for b in resumed for i in b.tolist()]
 
 
-def test_elastic_next_epoch_is_the_uninterrupted_permutation():
-    loader, sampler = dist_loader(46, 2, 0, 4)
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_elastic_next_epoch_is_the_uninterrupted_permutation(bk):
+    loader, sampler = dist_loader(46, 2, 0, 4, bk=bk)
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
-    new, s3 = dist_loader(46, 3, 1, 4)
+    new, s3 = dist_loader(46, 3, 1, 4, bk=bk)
     new.load_state_dict(sd)
     list(new)
     s3.set_epoch(1)
@@ -263,28 +353,30 @@ def test_elastic_next_epoch_is_the_uninterrupted_permutation():
     assert [i for b in new for i in b.tolist()] == list(ref)
 
 
-def test_resumed_distributed_epoch_checks_set_epoch():
-    loader, _ = dist_loader(46, 2, 0, 4, epoch=3)
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_resumed_distributed_epoch_checks_set_epoch(bk):
+    loader, _ = dist_loader(46, 2, 0, 4, epoch=3, bk=bk)
     it = iter(loader)
     next(it)
-    other, _ = dist_loader(46, 2, 0, 4, epoch=4)
+    other, _ = dist_loader(46, 2, 0, 4, epoch=4, bk=bk)
     other.load_state_dict(loader.state_dict())
     with pytest.raises(ResumeStateError, match=r"set_epoch\(3\)"):
         next(iter(other))
     unshuffled = DataLoader(Indexed(46), batch_size=4, sampler=DistributedSampler(
-        range(46), num_replicas=2, rank=0, shuffle=False, seed=0))
+        range(46), num_replicas=2, rank=0, shuffle=False, seed=0), **bk)
     unshuffled.sampler.set_epoch(3)
     unshuffled.load_state_dict(loader.state_dict())
     with pytest.raises(ResumeStateError, match="shuffle=True"):
         next(iter(unshuffled))
 
 
-def test_loaded_state_reads_back_unchanged_until_iteration():
-    loader = DataLoader(Indexed(20), batch_size=4, shuffle=True)
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_loaded_state_reads_back_unchanged_until_iteration(bk):
+    loader = DataLoader(Indexed(20), batch_size=4, shuffle=True, **bk)
     it = iter(loader)
     next(it)
     sd = loader.state_dict()
-    fresh = DataLoader(Indexed(20), batch_size=4, shuffle=True)
+    fresh = DataLoader(Indexed(20), batch_size=4, shuffle=True, **bk)
     fresh.load_state_dict(sd)
     assert fresh.state_dict() == sd
 
@@ -306,30 +398,32 @@ class Named(Indexed):
     (lambda sd: {**sd, "seed": 5}, "the seed was 5 when saved, is 1 now"),
     (lambda sd: {**sd, "dataset": {**sd["dataset"], "kind": "iterable"}}, "dataset kind"),
 ])
-def test_corrupt_or_mismatched_state_is_a_clear_error(change, match):
-    loader = DataLoader(Indexed(20), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_corrupt_or_mismatched_state_is_a_clear_error(change, match, bk):
+    loader = DataLoader(Indexed(20), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1), **bk)
     it = iter(loader)
     next(it)
-    fresh = DataLoader(Indexed(20), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
+    fresh = DataLoader(Indexed(20), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1), **bk)
     with pytest.raises(ResumeStateError, match=match):
         fresh.load_state_dict(change(loader.state_dict()))
 
 
-def test_other_dataset_same_length_other_batch_size_other_sampler_are_refused():
-    a = DataLoader(Named(["a.jpg", "b.jpg", "c.jpg"]), batch_size=1)
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_other_dataset_same_length_other_batch_size_other_sampler_are_refused(bk):
+    a = DataLoader(Named(["a.jpg", "b.jpg", "c.jpg"]), batch_size=1, **bk)
     it = iter(a)
     next(it)
     with pytest.raises(ResumeStateError, match="identity"):
-        DataLoader(Named(["a.jpg", "b.jpg", "x.jpg"]), batch_size=1).load_state_dict(a.state_dict())
+        DataLoader(Named(["a.jpg", "b.jpg", "x.jpg"]), batch_size=1, **bk).load_state_dict(a.state_dict())
     with pytest.raises(ResumeStateError, match="batch_size was 1 when saved, is 2"):
-        DataLoader(Named(["a.jpg", "b.jpg", "c.jpg"]), batch_size=2).load_state_dict(a.state_dict())
+        DataLoader(Named(["a.jpg", "b.jpg", "c.jpg"]), batch_size=2, **bk).load_state_dict(a.state_dict())
     same = Named(["a.jpg", "b.jpg", "c.jpg"])
-    d = DataLoader(same, batch_size=1, sampler=DistributedSampler(same, num_replicas=1, rank=0, shuffle=False))
+    d = DataLoader(same, batch_size=1, sampler=DistributedSampler(same, num_replicas=1, rank=0, shuffle=False), **bk)
     with pytest.raises(ResumeStateError, match="the sampler was 'replay'"):
         d.load_state_dict(a.state_dict())
     moved = Named(["a.jpg", "b.jpg", "c.jpg"])
     moved.root, moved.samples = "/elsewhere", [(p.replace("/data", "/elsewhere"), 0) for p, _ in moved.samples]
-    DataLoader(moved, batch_size=1).load_state_dict(a.state_dict())  # a moved dataset is the same dataset
+    DataLoader(moved, batch_size=1, **bk).load_state_dict(a.state_dict())  # a moved dataset is the same dataset
 
 
 class Plain(torch.utils.data.IterableDataset):
@@ -414,7 +508,8 @@ def test_store_identity_is_its_checksums_and_labels(tiny_store):
         DataLoader(b, batch_size=4).load_state_dict({**sd, "dataset": {**sd["dataset"], "identity": "store:x"}})
 
 
-def test_preset_augmentation_under_distributed_sampler_is_the_same_on_any_rank_layout(tiny_store):
+@pytest.mark.parametrize("bk", BACKENDS)
+def test_preset_augmentation_under_distributed_sampler_is_the_same_on_any_rank_layout(tiny_store, bk):
     ds = LMDBImageDataset(tiny_store, transform=train_transform(32))
 
     def images_by_index(world: int) -> dict[int, torch.Tensor]:
@@ -422,7 +517,7 @@ def test_preset_augmentation_under_distributed_sampler_is_the_same_on_any_rank_l
         for rank in range(world):
             sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=4)
             order = list(sampler)
-            loader = DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=collate_uint8)
+            loader = DataLoader(ds, batch_size=5, sampler=sampler, collate_fn=collate_uint8, **bk)
             images = torch.cat([im for im, _ in loader])
             out.update({i: im for i, im in zip(order, images)})
         return out

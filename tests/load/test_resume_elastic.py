@@ -32,11 +32,12 @@ def interleave(per_rank: list[list[int]]) -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_ranks_save_three_ranks_resume(tmp_path):
+@pytest.mark.parametrize("backend", ["processes", "threads"])
+def test_two_ranks_save_three_ranks_resume(tmp_path, backend):
     k = 2  # 2 ranks x 2 batches x 4 = 16 of 46 read; the other 30 split evenly over 3 ranks
-    torchrun(2, "full", str(tmp_path))
-    torchrun(2, "save", str(tmp_path), str(k))
-    torchrun(3, "resume", str(tmp_path))
+    torchrun(2, "full", str(tmp_path), "0", backend)
+    torchrun(2, "save", str(tmp_path), str(k), backend)
+    torchrun(3, "resume", str(tmp_path), "0", backend)
     full, saved, resumed = ranks(tmp_path, "full", 2), ranks(tmp_path, "save", 2), ranks(tmp_path, "resume", 3)
     assert all(r["sampler"] == "DistributedSampler" for r in full + saved + resumed)
     seen = [i for r in saved for i in r["seen"]]

@@ -18,7 +18,8 @@ import torch
 from fastload.errors import CorruptSampleError
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.loader import DataLoader
-from fastload.load.threads import ThreadBatchIterator, sample_seed
+from fastload.load.state import mix_seed
+from fastload.load.threads import ThreadBatchIterator
 from fastload.load.transforms import eval_transform, train_transform
 from fastload.store import format as fmt
 
@@ -44,7 +45,7 @@ def fast_loader(store, threads: int, seed: int | None = 7, **kw) -> DataLoader:
     ds = LMDBImageDataset(store, transform=train_transform(32))
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     return DataLoader(ds, batch_size=kw.pop("batch_size", 5), shuffle=kw.pop("shuffle", True), num_workers=threads,
-                      generator=gen, backend="threads", **kw)
+                      generator=gen, backend=kw.pop("backend", "threads"), **kw)
 
 
 def loader_threads() -> list[threading.Thread]:
@@ -89,8 +90,25 @@ def test_fast_path_crops_come_from_per_sample_seeds(tiny_store):
     images = torch.cat([b[0] for b in it])
     ds = loader.dataset
     for i in range(N):
-        gen = torch.Generator().manual_seed(sample_seed(it.base_seed, 0, i))
+        gen = torch.Generator().manual_seed(mix_seed(it.sample_seed, 0, i))
         assert torch.equal(images[i], ds.getitem(i, generator=gen)[0]), i
+
+
+@pytest.mark.parametrize("target_transform", [None, int], ids=["fast-path", "generic-path"])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_same_batches_and_crops_as_worker_processes(tiny_store, shuffle, target_transform):
+    """Both backends seed sample i of epoch e alike: a state saved by one resumes on the other."""
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(32), target_transform=target_transform)
+
+    def run(backend, workers):
+        loader = DataLoader(ds, batch_size=5, shuffle=shuffle, num_workers=workers, backend=backend,
+                            generator=torch.Generator().manual_seed(5))
+        return [torch.cat([x for x, _ in loader]) for _ in range(2)]
+
+    assert iter(DataLoader(ds, batch_size=5, num_workers=1, backend="threads")).fast is (target_transform is None)
+    threads, processes = run("threads", 2), run("processes", 1)
+    assert threads[0].shape == (N, 3, 32, 32) and not torch.equal(threads[0], threads[1])
+    assert all(torch.equal(a, b) for a, b in zip(threads, processes))
 
 
 @pytest.mark.parametrize("other", [0, 3])
