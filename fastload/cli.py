@@ -54,7 +54,7 @@ def main() -> None:
                    "training (10-15x the bytes); auto: raw up to 256x256 pixels (after --max-side), jpeg above.")
 @click.option("--lossless", is_flag=True,
               help="Keep non-JPEG sources (PNG, WebP, TIFF, ...) pixel-exact as PNG. By default they are stored as "
-                   "JPEG q95 4:4:4, which loads 3-6x faster (see `fastload bench encode`); the PSNR is reported.")
+                   "JPEG q95 4:4:4, which loads about 4-5x faster (see `fastload bench encode`); the PSNR is reported.")
 @click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
               help="Training crop size the --max-side advice printed after the conversion is for.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")

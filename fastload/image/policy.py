@@ -49,9 +49,10 @@ Non-JPEG sources (PNG, WebP, TIFF, GIF, BMP, ...) are re-encoded as JPEG quality
 (``convert --lossless``). Why, measured by ``fastload bench encode`` (README, "Which
 encoding for non-JPEG sources"): a PNG is decoded whole, every epoch, by zlib and Pillow,
 while a JPEG gets libjpeg-turbo's DCT-scaled and region decode on the CPU and nvJPEG on the
-GPU; JPEG q95 4:4:4 loaded 3-6x faster than lossless PNG in the train preset at about a
-third of the bytes, at ~40 dB PSNR on noise-textured photos (higher on real ones). WebP
-lossless was 1.4x faster than PNG but still 2.5-5x slower than JPEG, and 2-3x slower to
+GPU. On the reference machine JPEG q95 4:4:4 loaded 4.0x faster than lossless PNG in the
+train preset on the default data and 4.9x on 12 MP photos, at 0.36-0.37x the bytes and a
+PSNR of 40-46 dB on these noise-textured images (higher on real photos). WebP lossless
+was 1.35x faster than PNG on small images and 0.89x on 12 MP ones, and 2-4x slower to
 encode. With ``lossless=True`` the old rule holds: non-interlaced 8-bit RGB or grayscale
 PNGs that pass the checks are stored as-is and every other non-JPEG source as lossless PNG
 (bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
