@@ -309,11 +309,11 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
               help="Also time a store packed with --max-side N (different data: labelled so).")
 @click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
-              "fastload-threads, fastload-reduced, webdataset, dali-cpu, ffcv.")
+              "fastload-threads, fastload-reduced, webdataset, dali-cpu, spdl, ffcv.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, paths, json_out) -> None:
-    """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, FFCV) on the same DATA.
+    """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
     same workers, interleaved rounds in one process tree, each path's workers shut down

@@ -1,10 +1,10 @@
 """``fastload bench loader``: images/s of each loading path on the same data, side by side.
 
-Owns: the bench-only paths (WebDataset, FFCV, when importable) next to the stages it
-shares with recipes (``stages.py``: ``torchvision`` is the ``workers`` stage, ``fastload``
-the ``fast`` stage, ``fastload-threads`` the ``threads`` stage, ``dali-cpu``), all with the same
-batch size and worker count; timing
-them in interleaved rounds; and the single-core ceiling of each store.
+Owns: the bench-only paths (WebDataset, SPDL in ``_spdl_path.py``, FFCV, when importable)
+next to the stages it shares with recipes (``stages.py``: ``torchvision`` is the ``workers``
+stage, ``fastload`` the ``fast`` stage, ``fastload-threads`` the ``threads`` stage,
+``dali-cpu``), all with the same batch size and worker count; timing them in interleaved
+rounds; and the single-core ceiling of each store.
 
 Discipline, so a figure does not depend on which path ran before it:
 
@@ -18,8 +18,8 @@ Discipline, so a figure does not depend on which path ran before it:
 
 Every path ends in the same place: a batch of normalised float32 images and int64 labels
 on the CPU. torchvision and WebDataset normalise in the workers (ToTensor + Normalize);
-fastload ships uint8 and normalises in the main process, inside the timed region; DALI
-and FFCV normalise in their own pipelines.
+fastload and SPDL ship uint8 and normalise in the main process, inside the timed region;
+DALI and FFCV normalise in their own pipelines.
 
 The ceiling is a tight ``train_transform().from_bytes`` loop on one core times the worker
 count, measured on each store a path reads: a reduced-resolution store has its own
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from fastload.measure import _spdl_path as _spdl
 from fastload.measure.rounds import rotated
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.pack.sources import IMG_EXTENSIONS
@@ -270,7 +271,8 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
         torch.set_num_threads(threads)
 
 
-ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", "webdataset", "dali-cpu", "ffcv")
+ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", "webdataset", "dali-cpu", "spdl",
+             "ffcv")
 
 
 def _display(name: str, o: LoaderBenchOptions) -> str:
@@ -348,6 +350,13 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
             "webdataset is not installed (pip install 'fastload[bench]')")
         add("dali-cpu", lambda: _stage_path("dali-cpu", full, o), reads=store,
             missing=None if dali_available() else "DALI is not installed: " + DALI_INSTALL_HINT)
+
+        def prep_spdl() -> Callable[[], BuiltStage]:
+            samples = _spdl.folder_samples(data)  # the files and labels torchvision reads
+            return lambda: _spdl.spdl_stage(samples, batch_size=o.batch_size, image_size=o.image_size,
+                                            workers=o.workers)
+
+        add("spdl", prep_spdl, reads=store, missing=_spdl.unavailable() if "spdl" in wanted else None)
 
         def prep_ffcv() -> Callable[[], BuiltStage]:
             beton = _ffcv_beton(data, o, tmp)

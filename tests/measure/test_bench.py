@@ -164,3 +164,101 @@ def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_
     by = {r.name: r for r in bl.bench_loader(tiny_tree, options=opts, progress=False).results}
     assert by["fastload (threads)"].skipped is None and by["fastload (threads)"].images_per_s > 0
     assert by["fastload"].images_per_s > 0
+
+
+def _coded_tree(root):
+    """3 classes x 5 images of mixed sizes and formats, each pixel telling what it is: red is the
+    class (40 + 80 * label), green a left-to-right ramp 0..255 (so a flip and a crop show), blue 128."""
+    import numpy as np
+    from PIL import Image
+
+    for label, cls in enumerate(("a", "b", "c")):
+        (root / cls).mkdir(parents=True)
+        for k in range(5):
+            w, h = 90 + 37 * k, 70 + 23 * ((k + label) % 3)
+            arr = np.empty((h, w, 3), np.uint8)
+            arr[..., 0] = 40 + 80 * label
+            arr[..., 1] = np.linspace(0, 255, w).round().astype(np.uint8)[None, :]
+            arr[..., 2] = 128
+            img = Image.fromarray(arr, "RGB")
+            if k == 4:
+                img.convert("RGBA").save(root / cls / f"{k}.png")  # alpha: converted to rgb24 by the filter
+            elif k == 3:
+                img.save(root / cls / f"{k}.png")
+            else:
+                img.save(root / cls / f"{k}.jpg", quality=95, subsampling=0)
+    return root
+
+
+def test_spdl_path_hands_out_the_batch_contract_with_the_files_labels(tmp_path):
+    if importlib.util.find_spec("spdl") is None:
+        pytest.skip("spdl is not installed (pip install 'fastload[bench]')")
+    import torch
+
+    from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
+    from fastload.measure import _spdl_path
+
+    assert _spdl_path.unavailable() is None  # installed but FFmpeg missing is a failure here, not a skip
+    samples = _spdl_path.folder_samples(_coded_tree(tmp_path / "tree"))
+    assert len(samples) == 15
+    built = _spdl_path.spdl_stage(samples, batch_size=4, image_size=24, workers=2)
+    assert len(built.loader) == 3 and built.workers == 2
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    flips, spans = set(), set()
+    try:
+        for _epoch in range(2):
+            seen = 0
+            for images, labels in built.loader:
+                assert images.dtype == torch.float32 and images.shape == (4, 3, 24, 24)
+                assert labels.dtype == torch.int64 and labels.shape == (4,)
+                pixels = (images * std + mean) * 255  # undo the ImageNet normalisation
+                red = pixels[:, 0].mean(dim=(1, 2))
+                assert torch.equal(((red - 40) / 80).round().long(), labels), (red, labels)  # the file's class
+                assert (pixels[:, 0] - (40 + 80 * labels).view(-1, 1, 1)).abs().max() < 8
+                assert (pixels[:, 2] - 128).abs().max() < 8
+                ramp = pixels[:, 1].mean(dim=1)  # per column
+                for row in ramp:
+                    flips.add(bool(row[-1] < row[0]))
+                    spans.add(int((row[-1] - row[0]).abs() // 16))
+                seen += len(labels)
+            assert seen == 12  # 15 files, batches of 4, the last partial batch dropped
+    finally:
+        built.loader.loader.close()
+    assert flips == {True, False}  # random horizontal flips, both ways
+    assert len(spans) > 2  # random-resized crops cover different widths of the ramp
+
+
+def test_spdl_path_runs_in_bench_loader_or_is_skipped_with_the_install_hint(tiny_tree, tmp_path, monkeypatch):
+    import fastload.measure._spdl_path as sp
+    import fastload.measure.bench_loader as bl
+
+    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, rounds=2,
+                                 paths=("torchvision", "spdl"))
+    if importlib.util.find_spec("spdl") is not None:
+        by = {r.name: r for r in bl.bench_loader(tiny_tree, options=opts, progress=False).results}
+        assert by["spdl"].skipped is None and len(by["spdl"].rounds) == 2 and by["spdl"].images_per_s > 0
+        assert len(by["spdl"].round_ratios) == 2
+    monkeypatch.setattr(sp.importlib.util, "find_spec", lambda name: None)
+    assert "pip install 'fastload[bench]'" in sp.unavailable()
+    bench = bl.bench_loader(tiny_tree, options=opts, progress=False)
+    spdl = next(r for r in bench.results if r.name == "spdl")
+    assert spdl.images_per_s is None and spdl.rounds == [] and spdl.skipped.startswith("spdl is not installed")
+    assert "apt-get install ffmpeg" in bench.table()
+
+
+def test_spdl_path_names_the_file_it_cannot_decode(tmp_path):
+    if importlib.util.find_spec("spdl") is None:
+        pytest.skip("spdl is not installed (pip install 'fastload[bench]')")
+    from fastload.measure import _spdl_path
+
+    tree = _coded_tree(tmp_path / "tree")
+    (tree / "b" / "1.jpg").write_bytes(b"\xff\xd8 not a JPEG")
+    # batches of 5 of 15 files: none dropped, so the bad one is decoded in the first epoch
+    built = _spdl_path.spdl_stage(_spdl_path.folder_samples(tree), batch_size=5, image_size=24, workers=2)
+    try:
+        with pytest.raises(RuntimeError, match=r"SPDL could not decode .*b/1\.jpg"):
+            for _ in built.loader:
+                pass
+    finally:
+        built.loader.loader.close()
