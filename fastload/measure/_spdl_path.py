@@ -46,7 +46,7 @@ from fastload.measure.stages import BuiltStage
 
 __all__ = ["SPDL_INSTALL_HINT", "unavailable", "SPDLLoader", "spdl_stage", "folder_samples"]
 
-SPDL_INSTALL_HINT = ("pip install 'fastload[bench]' (spdl), plus FFmpeg's shared libraries, 4 to 9: "
+SPDL_INSTALL_HINT = ("pip install 'fastload[spdl]', plus FFmpeg's shared libraries, 4 to 9: "
                      "apt-get install ffmpeg")
 
 

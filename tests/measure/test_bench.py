@@ -192,7 +192,7 @@ def _coded_tree(root):
 
 def test_spdl_path_hands_out_the_batch_contract_with_the_files_labels(tmp_path):
     if importlib.util.find_spec("spdl") is None:
-        pytest.skip("spdl is not installed (pip install 'fastload[bench]')")
+        pytest.skip("spdl is not installed (pip install 'fastload[spdl]')")
     import torch
 
     from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -240,7 +240,7 @@ def test_spdl_path_runs_in_bench_loader_or_is_skipped_with_the_install_hint(tiny
         assert by["spdl"].skipped is None and len(by["spdl"].rounds) == 2 and by["spdl"].images_per_s > 0
         assert len(by["spdl"].round_ratios) == 2
     monkeypatch.setattr(sp.importlib.util, "find_spec", lambda name: None)
-    assert "pip install 'fastload[bench]'" in sp.unavailable()
+    assert "pip install 'fastload[spdl]'" in sp.unavailable()
     bench = bl.bench_loader(tiny_tree, options=opts, progress=False)
     spdl = next(r for r in bench.results if r.name == "spdl")
     assert spdl.images_per_s is None and spdl.rounds == [] and spdl.skipped.startswith("spdl is not installed")
@@ -249,7 +249,7 @@ def test_spdl_path_runs_in_bench_loader_or_is_skipped_with_the_install_hint(tiny
 
 def test_spdl_path_names_the_file_it_cannot_decode(tmp_path):
     if importlib.util.find_spec("spdl") is None:
-        pytest.skip("spdl is not installed (pip install 'fastload[bench]')")
+        pytest.skip("spdl is not installed (pip install 'fastload[spdl]')")
     from fastload.measure import _spdl_path
 
     tree = _coded_tree(tmp_path / "tree")
