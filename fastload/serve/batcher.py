@@ -22,6 +22,7 @@ Must not: know about HTTP (``http.py``) or about other replicas (``replicas.py``
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import concurrent.futures
 import logging
@@ -40,10 +41,24 @@ from fastload.serve.policy import BatchPolicy, RequestTiming
 from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES, check_pixels, decode_request, pick_device
 from fastload.stats import percentiles
 
-__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS"]
+__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS", "await_future"]
 
 log = logging.getLogger("fastload.serve")
 
+
+async def await_future(future: concurrent.futures.Future, timeout: float | None) -> Any:
+    """Await ``future`` from an event loop; past ``timeout`` cancel it (it leaves the queue): ``DeadlineExceeded``.
+
+    ``wrap_future`` chains cancellation: a cancelled awaiting task cancels the request too.
+    """
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+    except asyncio.TimeoutError as exc:
+        if isinstance(exc, DeadlineExceeded):  # the batcher's own (a TimeoutError): it already left the queue
+            raise
+        future.cancel()
+        raise DeadlineExceeded(f"no answer within the {timeout:g}s request deadline; the request was dropped") \
+            from None
 
 
 @dataclass
@@ -257,10 +272,13 @@ class DynamicBatcher:
         return req.future
 
     async def submit_async(self, data: bytes, *, timeout: float | None = None) -> torch.Tensor:
-        """``await`` the model output for one encoded image (asyncio wrapper of ``submit``)."""
-        import asyncio
+        """``await`` the output row for one encoded image from an event loop (``submit`` never blocks it).
 
-        return await asyncio.wrap_future(self.submit(data, timeout=timeout))
+        Past ``timeout`` the request leaves the queue and ``DeadlineExceeded`` is raised;
+        cancelling the awaiting task (a client gone) cancels the request too. Raises as
+        ``submit`` and its future do.
+        """
+        return await await_future(self.submit(data, timeout=timeout), timeout)
 
     def _on_done(self, req: _Request, future: concurrent.futures.Future) -> None:
         if not future.cancelled():
