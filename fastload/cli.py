@@ -348,14 +348,17 @@ def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 @click.option("--idle-timeout", type=click.FloatRange(min=0.001), default=15.0, show_default=True,
               help="Seconds an idle keep-alive connection stays open.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Open connections (one thread each); more get 503 + Retry-After.")
+              help="Open connections (stdlib: one thread each); more get 503 + Retry-After.")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=25.0, show_default=True,
               help="On SIGTERM, seconds to finish accepted requests.")
+@click.option("--front", type=click.Choice(["stdlib", "asgi"]), default="stdlib", show_default=True,
+              help="HTTP front: the standard library's (a thread per connection, every timeout above) or uvicorn + "
+                   "starlette ('fastload[serve]' extra: an event loop; no --header-timeout, see the README).")
 @_friendly
 def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
           devices, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
           max_body_mb, request_timeout, header_timeout, body_timeout, idle_timeout, max_connections,
-          drain_timeout) -> None:
+          drain_timeout, front) -> None:
     """Serve a model over HTTP with the training eval preprocessing and dynamic batching.
 
     POST /predict with image bytes -> JSON top-5; GET /healthz (200 once a replica is warm),
@@ -365,19 +368,19 @@ def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, 
     import logging
 
     from fastload.serve.app import ServeOptions, run_server
-    from fastload.serve.http import FrontOptions
+    from fastload.serve.routes import FrontOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     classes = tuple(c for c in classes_file.read_text().split("\n") if c) if classes_file else None
-    front = FrontOptions(max_body_bytes=int(max_body_mb * (1 << 20)), header_timeout_s=header_timeout,
-                         body_timeout_s=body_timeout, idle_timeout_s=idle_timeout, request_timeout_s=request_timeout,
-                         max_connections=max_connections)
+    limits = FrontOptions(server=front, max_body_bytes=int(max_body_mb * (1 << 20)),
+                          header_timeout_s=header_timeout, body_timeout_s=body_timeout, idle_timeout_s=idle_timeout,
+                          request_timeout_s=request_timeout, max_connections=max_connections)
     opts = ServeOptions(model=model_name, batch_ms=batch_ms, weights=weights, num_classes=num_classes,
                         classes=classes, host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
                         max_queue=max_queue, devices=tuple(d.strip() for d in devices.split(",") if d.strip()),
                         replicas=replicas, cpu_fallback=cpu_fallback, dtype=dtype, workers=workers, size=size,
                         resize=resize, gpu_decode_min_batch=gpu_decode_min_batch, max_pixels=max_pixels,
-                        drain_timeout_s=drain_timeout, front=front)
+                        drain_timeout_s=drain_timeout, front=limits)
     run_server(opts, say=lambda msg: click.echo(msg))
 
 
