@@ -527,13 +527,17 @@ def recipe_compare(a: Path, b: Path) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="fastload's preprocessing threads [default: the CPUs this process may use].")
 @click.option("--device", default="cpu", show_default=True, help="Where the model runs: cpu, cuda, cuda:N, auto.")
+@click.option("--fronts", default=None,
+              help="Compare HTTP fronts instead of configurations: 'stdlib,asgi' runs each as a fastload serve "
+                   "process (its defaults) under the same load; adds server CPU per request and RSS.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
 def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, duration, max_requests, image_size,
-                    workers, device, json_out) -> None:
+                    workers, device, fronts, json_out) -> None:
     """Serving before/after: the seed's (Pillow, one at a time, 50 ms wait) vs fastload's, at several loads.
 
     Open-loop Poisson load over loopback HTTP; throughput, p50/p99, device busy fraction.
+    With --fronts stdlib,asgi: the two HTTP fronts side by side instead.
     """
     from fastload.serve.bench import ServeBenchOptions, bench_serve, format_table, to_json
 
@@ -551,8 +555,21 @@ def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, d
                                  workers=workers, device=device)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    report = bench_serve(opts)
-    click.echo(format_table(report))
+    if fronts:
+        from fastload.serve.asgi import require
+        from fastload.serve.bench_fronts import bench_fronts, check_fronts, format_fronts_table
+
+        chosen = tuple(f.strip() for f in fronts.split(",") if f.strip())
+        try:
+            check_fronts(chosen)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        require()  # a missing serve extra fails here, not in a server process
+        report = bench_fronts(opts, chosen)
+        click.echo(format_fronts_table(report))
+    else:
+        report = bench_serve(opts)
+        click.echo(format_table(report))
     if json_out:
         json_out.write_text(to_json(report))
 
