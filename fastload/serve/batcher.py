@@ -22,7 +22,6 @@ Must not: know about HTTP (``http.py``) or about other replicas (``replicas.py``
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import logging
@@ -36,29 +35,15 @@ import torch
 
 from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
+from fastload.serve._futures import await_future
 from fastload.serve.metrics import StageHistograms, trace_events
 from fastload.serve.policy import BatchPolicy, RequestTiming
 from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES, check_pixels, decode_request, pick_device
 from fastload.stats import percentiles
 
-__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS", "await_future"]
+__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS"]
 
 log = logging.getLogger("fastload.serve")
-
-
-async def await_future(future: concurrent.futures.Future, timeout: float | None) -> Any:
-    """Await ``future`` from an event loop; past ``timeout`` cancel it (it leaves the queue): ``DeadlineExceeded``.
-
-    ``wrap_future`` chains cancellation: a cancelled awaiting task cancels the request too.
-    """
-    try:
-        return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-    except asyncio.TimeoutError as exc:
-        if isinstance(exc, DeadlineExceeded):  # the batcher's own (a TimeoutError): it already left the queue
-            raise
-        future.cancel()
-        raise DeadlineExceeded(f"no answer within the {timeout:g}s request deadline; the request was dropped") \
-            from None
 
 
 @dataclass

@@ -27,7 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastload.errors import DeviceFailure, Overloaded
-from fastload.serve.batcher import DynamicBatcher, await_future
+from fastload.serve._futures import await_future
+from fastload.serve.batcher import DynamicBatcher
 
 __all__ = ["Router"]
 
