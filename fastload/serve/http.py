@@ -1,8 +1,8 @@
-"""The HTTP front for a ``DynamicBatcher`` or a ``Router`` of replicas, safe to put on a network.
+"""The standard library HTTP front (the default) for a ``DynamicBatcher`` or a ``Router``, safe on a network.
 
-Owns: ``POST /predict`` (image bytes in, JSON top-k out), ``GET /healthz`` (200 only while a
-replica is warmed up and healthy), ``GET /stats`` (JSON), ``GET /metrics`` (Prometheus text),
-``GET /trace`` (Chrome trace), the error mapping, and the defences a front needs:
+Owns: serving ``routes.py``'s routes (``POST /predict``: image bytes in, JSON top-k out;
+``GET /healthz``, ``/stats``, ``/metrics``, ``/trace``) over ``ThreadingHTTPServer``, and the
+socket-side defences a front needs:
 
 - read deadlines: the request line and headers must arrive within ``header_timeout_s`` and
   the body within ``body_timeout_s`` of their start, however slowly the client dribbles
@@ -22,13 +22,16 @@ replica is warmed up and healthy), ``GET /stats`` (JSON), ``GET /metrics`` (Prom
   of a connection reset;
 - draining on shutdown: new requests get 503 + ``Connection: close``; accepted ones finish.
 
-Why the standard library (``ThreadingHTTPServer``) and not uvicorn + starlette: no
-dependency, and a thread blocked on its request's future is the natural shape for a
-batcher (the batching happens behind the futures). The thread count is bounded by
-``max_connections``. uvicorn has no deadline for receiving a request (its keep-alive
-timeout restarts with every byte: https://github.com/xorbitsai/inference/pull/5213
-wraps its protocol to add one). An ASGI server was not measured against this one (see
-the README); ``DynamicBatcher.submit_async`` is there for one.
+Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
+measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README's "Which
+front, measured"), uvicorn serves the same throughput with latency and CPU within noise at
+224 px, and 6-9% less CPU per request only when images are tiny; but uvicorn has no
+deadline for receiving a request's headers (its keep-alive timer runs only between
+requests and any byte cancels it; https://github.com/xorbitsai/inference/pull/5213 wraps
+its protocol to add one), so
+silent or dribbling clients would hold connections forever, which this front cuts. This
+one also needs no dependency; a thread blocked on its request's future is the natural
+shape for a batcher, and ``max_connections`` bounds the threads.
 
 Must not: do its own preprocessing or batching.
 """
