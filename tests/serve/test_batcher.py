@@ -232,6 +232,16 @@ def test_submit_async_awaits_the_result():
     assert [o.shape for o in outs] == [(1,), (1,)]
 
 
+def _in_model(b: DynamicBatcher, n: int = 1) -> None:
+    """Wait until ``n`` accepted requests have reached the (held) model and none waits."""
+    for _ in range(500):
+        s = b.stats()
+        if s["in_flight"] == n and s["waiting"] == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the held request never reached the model: {b.stats()}")
+
+
 def test_submit_async_past_its_deadline_raises_and_leaves_the_queue():
     import asyncio
 
@@ -241,6 +251,7 @@ def test_submit_async_past_its_deadline_raises_and_leaves_the_queue():
     with make(model, max_batch=1, max_wait_ms=0, max_queue=2) as b:
         model.gate.clear()  # the model holds the first request: the second waits in the queue
         held = b.submit(images(1)[0])
+        _in_model(b)
 
         async def late():
             t0 = time.perf_counter()
@@ -262,6 +273,7 @@ def test_cancelling_the_awaiting_task_cancels_the_request():
     with make(model, max_batch=1, max_wait_ms=0, max_queue=4) as b:
         model.gate.clear()
         held = b.submit(images(1)[0])
+        _in_model(b)
 
         async def client_gone():
             task = asyncio.ensure_future(b.submit_async(images(1)[0]))
