@@ -342,13 +342,15 @@ def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 @click.option("--request-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
               help="Seconds before a request gets 504 and leaves the queue.")
 @click.option("--header-timeout", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
-              help="Seconds for a request line and headers to arrive.")
+              help="Seconds for a request line and headers to arrive (stdlib front only: uvicorn has no such "
+                   "deadline).")
 @click.option("--body-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
               help="Seconds for a body to arrive.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.001), default=15.0, show_default=True,
               help="Seconds an idle keep-alive connection stays open.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Open connections (stdlib: one thread each); more get 503 + Retry-After.")
+              help="Open connections (stdlib: one thread each); more get 503 + Retry-After (asgi: a request "
+                   "arriving over the cap).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=25.0, show_default=True,
               help="On SIGTERM, seconds to finish accepted requests.")
 @click.option("--front", type=click.Choice(["stdlib", "asgi"]), default="stdlib", show_default=True,
