@@ -413,20 +413,25 @@ def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 @click.option("--request-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
               help="Seconds before a request gets 504 and leaves the queue.")
 @click.option("--header-timeout", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
-              help="Seconds for a request line and headers to arrive.")
+              help="Seconds for a request line and headers to arrive (stdlib front only: uvicorn has no such "
+                   "deadline).")
 @click.option("--body-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
               help="Seconds for a body to arrive.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.001), default=15.0, show_default=True,
               help="Seconds an idle keep-alive connection stays open.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Open connections (one thread each); more get 503 + Retry-After.")
+              help="Open connections (stdlib: one thread each); more get 503 + Retry-After (asgi: a request "
+                   "arriving over the cap).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=25.0, show_default=True,
               help="On SIGTERM, seconds to finish accepted requests.")
+@click.option("--front", type=click.Choice(["stdlib", "asgi"]), default="stdlib", show_default=True,
+              help="HTTP front: the standard library's (a thread per connection, every timeout above) or uvicorn + "
+                   "starlette ('fastload[serve]' extra: an event loop; no --header-timeout, see the README).")
 @_friendly
 def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
           devices, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
           max_body_mb, request_timeout, header_timeout, body_timeout, idle_timeout, max_connections,
-          drain_timeout) -> None:
+          drain_timeout, front) -> None:
     """Serve a model over HTTP with the training eval preprocessing and dynamic batching.
 
     POST /predict with image bytes -> JSON top-5; GET /healthz (200 once a replica is warm),
@@ -436,19 +441,19 @@ def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, 
     import logging
 
     from fastload.serve.app import ServeOptions, run_server
-    from fastload.serve.http import FrontOptions
+    from fastload.serve.routes import FrontOptions
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     classes = tuple(c for c in classes_file.read_text().split("\n") if c) if classes_file else None
-    front = FrontOptions(max_body_bytes=int(max_body_mb * (1 << 20)), header_timeout_s=header_timeout,
-                         body_timeout_s=body_timeout, idle_timeout_s=idle_timeout, request_timeout_s=request_timeout,
-                         max_connections=max_connections)
+    limits = FrontOptions(server=front, max_body_bytes=int(max_body_mb * (1 << 20)),
+                          header_timeout_s=header_timeout, body_timeout_s=body_timeout, idle_timeout_s=idle_timeout,
+                          request_timeout_s=request_timeout, max_connections=max_connections)
     opts = ServeOptions(model=model_name, batch_ms=batch_ms, weights=weights, num_classes=num_classes,
                         classes=classes, host=host, port=port, max_batch=max_batch, max_wait_ms=max_wait_ms,
                         max_queue=max_queue, devices=tuple(d.strip() for d in devices.split(",") if d.strip()),
                         replicas=replicas, cpu_fallback=cpu_fallback, dtype=dtype, workers=workers, size=size,
                         resize=resize, gpu_decode_min_batch=gpu_decode_min_batch, max_pixels=max_pixels,
-                        drain_timeout_s=drain_timeout, front=front)
+                        drain_timeout_s=drain_timeout, front=limits)
     run_server(opts, say=lambda msg: click.echo(msg))
 
 
@@ -595,13 +600,17 @@ def recipe_compare(a: Path, b: Path) -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="fastload's preprocessing threads [default: the CPUs this process may use].")
 @click.option("--device", default="cpu", show_default=True, help="Where the model runs: cpu, cuda, cuda:N, auto.")
+@click.option("--fronts", default=None,
+              help="Compare HTTP fronts instead of configurations: 'stdlib,asgi' runs each as a fastload serve "
+                   "process (its defaults) under the same load; adds server CPU per request and RSS.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
 def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, duration, max_requests, image_size,
-                    workers, device, json_out) -> None:
+                    workers, device, fronts, json_out) -> None:
     """Serving before/after: the seed's (Pillow, one at a time, 50 ms wait) vs fastload's, at several loads.
 
     Open-loop Poisson load over loopback HTTP; throughput, p50/p99, device busy fraction.
+    With --fronts stdlib,asgi: the two HTTP fronts side by side instead.
     """
     from fastload.serve.bench import ServeBenchOptions, bench_serve, format_table, to_json
 
@@ -619,8 +628,21 @@ def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, d
                                  workers=workers, device=device)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    report = bench_serve(opts)
-    click.echo(format_table(report))
+    if fronts:
+        from fastload.serve.asgi import require
+        from fastload.serve.bench_fronts import bench_fronts, check_fronts, format_fronts_table
+
+        chosen = tuple(f.strip() for f in fronts.split(",") if f.strip())
+        try:
+            check_fronts(chosen)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        require()  # a missing serve extra fails here, not in a server process
+        report = bench_fronts(opts, chosen)
+        click.echo(format_fronts_table(report))
+    else:
+        report = bench_serve(opts)
+        click.echo(format_table(report))
     if json_out:
         json_out.write_text(to_json(report))
 

@@ -3,10 +3,12 @@
 ``DynamicBatcher`` (``batcher.py``; its policy and timings in ``policy.py``, per-request
 decode and device choice in ``preprocess.py``, GPU decode in ``gpu_decode.py``) batches
 requests in a short time window; ``Router`` (``replicas.py``) puts several of them (one
-per device) behind one front with run-time fallback; ``http.py`` (with ``_conn.py``) is
-the hardened HTTP front and ``metrics.py`` what it reports; ``app.py`` runs all of it
-(``run_server``, what ``fastload serve`` calls) with the models of ``models.py``;
-``bench.py`` load-tests it over loopback, before and after.
+per device) behind one front with run-time fallback; ``routes.py`` is what every route
+answers, served by ``http.py`` (with ``_conn.py``: the hardened standard-library front) or
+``asgi.py`` (uvicorn + starlette, the ``serve`` extra); ``metrics.py`` is what they
+report; ``app.py`` runs all of it (``run_server``, what ``fastload serve`` calls) with the
+models of ``models.py``; ``bench.py`` load-tests it over loopback, before and after, and
+``bench_fronts.py`` puts the two fronts side by side.
 """
 
 from fastload.serve.app import ServeOptions, run_server

@@ -2,8 +2,9 @@
 
 Owns: ``DeadlineReader`` (a raw socket reader whose every ``recv`` waits only until one
 overall deadline, so a client dribbling a byte a second cannot hold a connection past
-it), ``Lingerer`` (one thread finishing lingering closes, RFC 9112 §9.6) and
-``raw_response`` (a complete response written by the accept loop itself).
+it), ``Lingerer`` (one thread finishing lingering closes, RFC 9112 §9.6), ``raw_response``
+(a complete response written by the accept loop itself), ``refuse`` (a 503 written that
+way, then a lingering close) and ``accept_backlog`` (what still waits in a listen backlog).
 
 Must not: parse HTTP or know about batching.
 """
@@ -18,9 +19,10 @@ import socket
 import threading
 import time
 from http import HTTPStatus
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["DeadlineReader", "Lingerer", "raw_response"]
+__all__ = ["DeadlineReader", "Lingerer", "raw_response", "refuse", "accept_backlog"]
 
 
 class DeadlineReader(io.RawIOBase):
@@ -110,3 +112,27 @@ def raw_response(status: int, body: dict[str, Any], headers: dict[str, str]) -> 
     head = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Content-Type: application/json",
             f"Content-Length: {len(data)}", "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + data
+
+
+def refuse(sock: socket.socket, why: str, lingerer: Lingerer, linger_s: float) -> bool:
+    """503 + ``Retry-After`` on ``sock`` without reading its request, then a lingering close; False if it was gone."""
+    try:
+        sock.settimeout(0.5)
+        sock.sendall(raw_response(503, {"error": f"{why}; retry later"}, {"Retry-After": "1"}))
+    except OSError:
+        sock.close()
+        return False
+    lingerer.add(sock, linger_s)
+    return True
+
+
+def accept_backlog(listener: socket.socket) -> Iterator[socket.socket]:
+    """Accept, without waiting, the connections still in ``listener``'s backlog (blocking sockets)."""
+    listener.setblocking(False)
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except OSError:  # BlockingIOError: the backlog is empty
+            return
+        sock.setblocking(True)
+        yield sock

@@ -2,7 +2,8 @@
 
 Owns: building the model and one ``DynamicBatcher`` per device (``devices``) or several on
 the CPU (``replicas``), a CPU fallback replica beside CUDA ones, the ``Router`` and the
-HTTP front; the lifecycle: listen first (``/healthz`` answers 503 during warm-up), warm
+HTTP front (``front.server``: the standard library's, ``http.py``, or uvicorn's,
+``asgi.py``); the lifecycle: listen first (``/healthz`` answers 503 during warm-up), warm
 every replica up, serve, and on SIGTERM or SIGINT drain reliably.
 
 Draining: the signal handler only sets an event (it never raises into whatever the main
@@ -29,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import ServeError
-from fastload.serve.http import FrontOptions, make_server, serve_forever
 from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES
+from fastload.serve.routes import FrontOptions
 
 __all__ = ["ServeOptions", "run_server", "build_router"]
 
@@ -138,6 +139,12 @@ def run_server(options: ServeOptions, *, say: Callable[[str], None] = log.info,
     Raises:
         ServeError: the options cannot be served (unknown model, bad weights or devices).
     """
+    if options.front.server == "asgi":
+        from fastload.serve.asgi import make_server, require, serve_forever
+
+        require()  # a missing extra fails before the model is built
+    else:
+        from fastload.serve.http import make_server, serve_forever
     router = build_router(options)
     stop = stop or threading.Event()
     signals = {"count": 0}
@@ -158,7 +165,7 @@ def run_server(options: ServeOptions, *, say: Callable[[str], None] = log.info,
                          "HINT: another process holds the port; pick another with --port") from exc
     thread = serve_forever(server)
     host, port = server.server_address[:2]
-    say(f"listening on http://{host}:{port} (warming up...)")
+    say(f"listening on http://{host}:{port} ({options.front.server} front; warming up...)")
     try:
         warm = threading.Thread(target=router.start, name="fastload-warmup", daemon=True)
         warm.start()

@@ -35,6 +35,7 @@ import torch
 
 from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
+from fastload.serve._futures import await_future
 from fastload.serve.metrics import StageHistograms, trace_events
 from fastload.serve.policy import BatchPolicy, RequestTiming
 from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES, check_pixels, decode_request, pick_device
@@ -43,7 +44,6 @@ from fastload.stats import percentiles
 __all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS"]
 
 log = logging.getLogger("fastload.serve")
-
 
 
 @dataclass
@@ -257,10 +257,13 @@ class DynamicBatcher:
         return req.future
 
     async def submit_async(self, data: bytes, *, timeout: float | None = None) -> torch.Tensor:
-        """``await`` the model output for one encoded image (asyncio wrapper of ``submit``)."""
-        import asyncio
+        """``await`` the output row for one encoded image from an event loop (``submit`` never blocks it).
 
-        return await asyncio.wrap_future(self.submit(data, timeout=timeout))
+        Past ``timeout`` the request leaves the queue and ``DeadlineExceeded`` is raised;
+        cancelling the awaiting task (a client gone) cancels the request too. Raises as
+        ``submit`` and its future do.
+        """
+        return await await_future(self.submit(data, timeout=timeout), timeout)
 
     def _on_done(self, req: _Request, future: concurrent.futures.Future) -> None:
         if not future.cancelled():

@@ -1,8 +1,8 @@
-"""The HTTP front for a ``DynamicBatcher`` or a ``Router`` of replicas, safe to put on a network.
+"""The standard library HTTP front (the default) for a ``DynamicBatcher`` or a ``Router``, safe on a network.
 
-Owns: ``POST /predict`` (image bytes in, JSON top-k out), ``GET /healthz`` (200 only while a
-replica is warmed up and healthy), ``GET /stats`` (JSON), ``GET /metrics`` (Prometheus text),
-``GET /trace`` (Chrome trace), the error mapping, and the defences a front needs:
+Owns: serving ``routes.py``'s routes (``POST /predict``: image bytes in, JSON top-k out;
+``GET /healthz``, ``/stats``, ``/metrics``, ``/trace``) over ``ThreadingHTTPServer``, and the
+socket-side defences a front needs:
 
 - read deadlines: the request line and headers must arrive within ``header_timeout_s`` and
   the body within ``body_timeout_s`` of their start, however slowly the client dribbles
@@ -22,70 +22,40 @@ replica is warmed up and healthy), ``GET /stats`` (JSON), ``GET /metrics`` (Prom
   of a connection reset;
 - draining on shutdown: new requests get 503 + ``Connection: close``; accepted ones finish.
 
-Why the standard library (``ThreadingHTTPServer``) and not uvicorn + starlette: no
-dependency, and a thread blocked on its request's future is the natural shape for a
-batcher (the batching happens behind the futures). The thread count is bounded by
-``max_connections``. uvicorn has no deadline for receiving a request (its keep-alive
-timeout restarts with every byte: https://github.com/xorbitsai/inference/pull/5213
-wraps its protocol to add one). An ASGI server was not measured against this one (see
-the README); ``DynamicBatcher.submit_async`` is there for one.
+Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
+measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README's "Which
+front, measured"), uvicorn serves the same throughput with latency and CPU within noise at
+224 px, and 6-9% less CPU per request only when images are tiny; but uvicorn has no
+deadline for receiving a request's headers (its keep-alive timer runs only between
+requests and any byte cancels it; https://github.com/xorbitsai/inference/pull/5213 wraps
+its protocol to add one), so
+silent or dribbling clients would hold connections forever, which this front cuts. This
+one also needs no dependency; a thread blocked on its request's future is the natural
+shape for a batcher, and ``max_connections`` bounds the threads.
 
 Must not: do its own preprocessing or batching.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import io
-import json
 import logging
-import re
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import ThreadingMixIn
 from typing import Any
 
-import torch
-
-from fastload.errors import CorruptSampleError, DeadlineExceeded, DeviceFailure, Overloaded
-from fastload.serve._conn import DeadlineReader, Lingerer, raw_response
-from fastload.serve.metrics import Metric, render_prometheus, serving_metrics
+from fastload.serve._conn import DeadlineReader, Lingerer, accept_backlog, refuse
+from fastload.serve.routes import MAX_BODY_BYTES, FrontOptions, Reply, Routes, framing
 
 __all__ = ["FrontOptions", "make_server", "serve_forever", "MAX_BODY_BYTES"]
 
 log = logging.getLogger("fastload.serve")
-
-MAX_BODY_BYTES = 64 << 20
-_OK_TYPES = ("image/", "application/octet-stream")
-_DECIMAL = re.compile(r"[0-9]{1,18}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class FrontOptions:
-    """The HTTP front's limits (seconds, bytes, counts). See the module docstring for each."""
-
-    max_body_bytes: int = MAX_BODY_BYTES
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    idle_timeout_s: float = 15.0
-    request_timeout_s: float = 30.0
-    max_connections: int = 256
-    linger_s: float = 2.0
-    k: int = 5
-
-    def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s", "request_timeout_s", "linger_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("max_body_bytes", "max_connections", "k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -138,61 +108,40 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         self.close_connection = True  # an error from the base parser: the framing cannot be trusted
         self.linger = True
-        self.server.count_status(code)
+        self.server.routes.count(code)
         super().send_error(code, message, explain)
 
     def handle_expect_100(self) -> bool:  # answer 413 before the client sends the body
-        length = self.headers.get("Content-Length", "")
-        if _DECIMAL.fullmatch(length.strip()) and int(length) > self.server.options.max_body_bytes:
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": self._too_large(int(length))}, close=True)
+        length = framing(None, self.headers.get_all("Content-Length") or [], body_allowed=True)
+        early = self.server.routes.before_body(self.path, length) if isinstance(length, int) else None
+        if early is not None and early.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE:
+            self._reply(early)
             return False
         return super().handle_expect_100()
 
     # ---- responses -------------------------------------------------------------------------
 
-    def _send(self, status: int, body: dict[str, Any] | str, headers: dict[str, str] | None = None, *,
-              close: bool = False, ctype: str = "application/json") -> None:
-        data = (json.dumps(body) if isinstance(body, dict) else body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
+    def _reply(self, reply: Reply) -> None:
+        data = reply.encoded()
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.ctype)
         self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
+        for k, v in reply.headers.items():
             self.send_header(k, v)
-        if close or self.server.draining:
+        if reply.close or self.server.routes.draining:
             self.send_header("Connection", "close")
-            self.linger = self.linger or close
+            self.linger = self.linger or reply.close
         self.end_headers()
         self.wfile.write(data)
-        self.server.count_status(status)
-
-    def _too_large(self, length: int) -> str:
-        return (f"body of {length} bytes is over the {self.server.options.max_body_bytes} byte limit; "
-                "send a smaller (downscaled) image")
+        self.server.routes.count(reply.status)
 
     def _framing(self, *, body_allowed: bool) -> int | None:
         """The body length from strict framing; None after answering an error (connection closing)."""
-        if self.headers.get("Transfer-Encoding") is not None:
-            te = self.headers.get("Transfer-Encoding", "").strip().lower()
-            if te == "chunked":
-                self._send(HTTPStatus.LENGTH_REQUIRED, {"error": "chunked request bodies are not accepted: send "
-                                                                 "the image with a Content-Length header"}, close=True)
-            else:
-                self._send(HTTPStatus.BAD_REQUEST, {"error": f"unsupported Transfer-Encoding {te!r}; send the "
-                                                             "image with a Content-Length header"}, close=True)
+        length = framing(self.headers.get("Transfer-Encoding"), self.headers.get_all("Content-Length") or [],
+                         body_allowed=body_allowed)
+        if isinstance(length, Reply):
+            self._reply(length)
             return None
-        values = self.headers.get_all("Content-Length") or []
-        if not values:
-            if body_allowed:
-                self._send(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length required: POST the image bytes "
-                                                                 "with a Content-Length header"}, close=True)
-                return None
-            return 0
-        if len(set(v.strip() for v in values)) != 1 or not _DECIMAL.fullmatch(values[0].strip()):
-            shown = ", ".join(repr(v) for v in values)
-            self._send(HTTPStatus.BAD_REQUEST, {"error": f"Content-Length must be one non-negative decimal integer, "
-                                                         f"got {shown}"}, close=True)
-            return None
-        length = int(values[0])
         if length and not body_allowed:
             self.close_connection = True  # answer, then close: the unread body is never parsed as a request
             self.linger = True
@@ -201,91 +150,29 @@ class _Handler(BaseHTTPRequestHandler):
     # ---- routes ----------------------------------------------------------------------------
 
     def do_GET(self) -> None:
-        if self._framing(body_allowed=False) is None:
-            return
-        t = self.server.target
-        if self.path == "/healthz":
-            ready = t.ready.is_set() and not self.server.draining
-            self._send(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE,
-                       {"ready": ready, "draining": self.server.draining, "device": str(t.device)})
-        elif self.path == "/stats":
-            self._send(HTTPStatus.OK, {**t.stats(), "http": self.server.http_stats()})
-        elif self.path == "/metrics":
-            self._send(HTTPStatus.OK, render_prometheus(self.server.metrics()),
-                       ctype="text/plain; version=0.0.4; charset=utf-8")
-        elif self.path == "/trace":
-            self._send(HTTPStatus.OK, t.trace())
-        else:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}; try POST /predict, GET /healthz, "
-                                                       "/stats, /metrics or /trace"})
+        if self._framing(body_allowed=False) is not None:
+            self._reply(self.server.routes.get(self.path, self.server.http_stats))
 
     def do_POST(self) -> None:
-        opts = self.server.options
+        routes = self.server.routes
         length = self._framing(body_allowed=True)
         if length is None:
             return
-        if self.path != "/predict":
-            self.close_connection = bool(length)
-            self.linger = bool(length)
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}; POST image bytes to /predict"})
+        early = routes.before_body(self.path, length)
+        if early is not None:
+            self.close_connection = early.close
+            self._reply(early)
             return
-        if length > opts.max_body_bytes:
-            self._send(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": self._too_large(length)}, close=True)
-            return
-        if self.server.draining:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the server is shutting down; retry on another "
-                                                                 "instance"}, {"Retry-After": "1"}, close=True)
-            return
-        self.reader.deadline = time.monotonic() + opts.body_timeout_s
+        self.reader.deadline = time.monotonic() + self.server.options.body_timeout_s
         try:
             body = self.rfile.read(length) if length else b""
         except TimeoutError:
-            self._send(HTTPStatus.REQUEST_TIMEOUT,
-                       {"error": f"the body did not arrive within {opts.body_timeout_s:g}s"}, close=True)
+            self._reply(routes.body_timeout())
             return
         if len(body) < length:  # the client closed mid-body
             self.close_connection = True
             return
-        ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-        if not ctype.startswith(_OK_TYPES):
-            self._send(HTTPStatus.BAD_REQUEST, {"error": f"wrong content type {ctype or '(none)'!r}: send the image "
-                                                         "bytes as image/jpeg, image/png or application/octet-stream"})
-            return
-        if not body:
-            self._send(HTTPStatus.BAD_REQUEST, {"error": "empty body: POST the encoded image bytes"})
-            return
-        self._predict(body)
-
-    def _predict(self, body: bytes) -> None:
-        timeout = self.server.options.request_timeout_s
-        try:
-            future = self.server.target.submit(body, timeout=timeout)
-        except (Overloaded, DeviceFailure) as exc:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, {"Retry-After": "1"})
-            return
-        except RuntimeError as exc:  # not started, or stopping
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, {"Retry-After": "5"})
-            return
-        try:
-            out = future.result(timeout=timeout)
-        except TimeoutError:
-            future.cancel()  # leaves the queue now; its slot is free for others
-            self._send(HTTPStatus.GATEWAY_TIMEOUT, {"error": f"no answer within the {timeout:g}s request deadline; "
-                                                             "the request was dropped"})
-            return
-        except DeadlineExceeded as exc:
-            self._send(HTTPStatus.GATEWAY_TIMEOUT, {"error": str(exc)})
-            return
-        except CorruptSampleError as exc:
-            self._send(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-            return
-        except DeviceFailure as exc:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)}, {"Retry-After": "1"})
-            return
-        except Exception as exc:
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
-            return
-        self._send(HTTPStatus.OK, {"top_k": self.server.top_k(out)})
+        self._reply(routes.check_body(self.headers.get("Content-Type"), body) or routes.predict(body))
 
 
 class _Server(ThreadingMixIn, HTTPServer):
@@ -295,16 +182,19 @@ class _Server(ThreadingMixIn, HTTPServer):
 
     def __init__(self, address, target, options: FrontOptions, classes: list[str] | None = None) -> None:
         super().__init__(address, _Handler)
-        self.target, self.options, self.classes = target, options, classes
+        self.options = options
+        self.routes = Routes(target, options, classes)
         self.lingerer = Lingerer()
-        self.draining = False
         self._lock = threading.Condition()
         self._open = 0
         self._idle: set[_Handler] = set()
         self._handed_off: set[socket.socket] = set()
         self._active = 0
-        self._status: collections.Counter = collections.Counter()
         self._refused = 0
+
+    @property
+    def draining(self) -> bool:
+        return self.routes.draining
 
     # ---- connections ------------------------------------------------------------------------
 
@@ -330,16 +220,10 @@ class _Server(ThreadingMixIn, HTTPServer):
         """503 + Retry-After on a connection over the cap (or while draining), then a lingering close."""
         why = ("the server is shutting down" if self.draining
                else f"{self.options.max_connections} connections are open (max_connections)")
-        try:
-            sock.settimeout(0.5)
-            sock.sendall(raw_response(503, {"error": f"{why}; retry later"}, {"Retry-After": "1"}))
-        except OSError:
-            sock.close()
-            return
-        with self._lock:
-            self._refused += 1
-            self._status[503] += 1
-        self.lingerer.add(sock, self.options.linger_s)
+        if refuse(sock, why, self.lingerer, self.options.linger_s):
+            with self._lock:
+                self._refused += 1
+            self.routes.count(503)
 
     def hand_off(self, sock: socket.socket) -> None:
         """The handler is done with ``sock``: finish it with a lingering close instead of closing it now."""
@@ -383,16 +267,12 @@ class _Server(ThreadingMixIn, HTTPServer):
 
         return _Count()
 
-    def count_status(self, status: int) -> None:
-        with self._lock:
-            self._status[int(status)] += 1
-
     # ---- draining ---------------------------------------------------------------------------
 
     def begin_drain(self) -> None:
         """New requests get 503 + Connection: close; idle keep-alive connections close."""
         with self._lock:
-            self.draining = True
+            self.routes.draining = True
             for h in list(self._idle):
                 self._close_idle(h)
 
@@ -407,15 +287,10 @@ class _Server(ThreadingMixIn, HTTPServer):
     def refuse_backlog(self) -> int:
         """Accept what is still in the listen backlog and answer each 503 (instead of a reset at close)."""
         n = 0
-        self.socket.setblocking(False)
-        while True:
-            try:
-                sock, _ = self.socket.accept()
-            except (BlockingIOError, OSError):
-                return n
-            sock.setblocking(True)
+        for sock in accept_backlog(self.socket):
             self.refuse(sock)
             n += 1
+        return n
 
     def close_all(self, timeout: float) -> None:
         self.server_close()
@@ -425,11 +300,9 @@ class _Server(ThreadingMixIn, HTTPServer):
 
     def http_stats(self) -> dict[str, Any]:
         with self._lock:
-            return {"connections": self._open, "active_requests": self._active, "refused_connections": self._refused,
-                    "responses": {str(k): v for k, v in sorted(self._status.items())}, "draining": self.draining}
-
-    def metrics(self) -> list[Metric]:
-        return serving_metrics(self.target, self.http_stats())
+            open_, active, refused = self._open, self._active, self._refused
+        return {"front": "stdlib", "connections": open_, "active_requests": active, "refused_connections": refused,
+                "responses": self.routes.responses(), "draining": self.draining}
 
     def handle_error(self, request, client_address) -> None:
         exc = sys.exc_info()[1]
@@ -437,13 +310,6 @@ class _Server(ThreadingMixIn, HTTPServer):
             log.debug("connection from %s ended: %s", client_address, exc)
             return
         log.exception("unexpected error while handling a request from %s", client_address)
-
-    def top_k(self, logits: torch.Tensor) -> list[dict[str, Any]]:
-        probs = torch.softmax(logits.float().flatten(), 0)
-        k = min(self.options.k, probs.numel())
-        values, idx = probs.topk(k)
-        return [{"index": int(i), "class": self.classes[int(i)] if self.classes else str(int(i)),
-                 "score": float(v)} for v, i in zip(values, idx)]
 
 
 def make_server(target, host: str = "127.0.0.1", port: int = 8000, *, k: int | None = None,

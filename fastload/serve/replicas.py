@@ -11,7 +11,7 @@ replica is marked unhealthy, takes no traffic, and is re-probed with a warm-up b
 requests go to the fallback (``/healthz`` still says not ready, so a load balancer can
 prefer healthier instances).
 
-Same interface as ``DynamicBatcher`` for the front (``submit``, ``ready``, ``stats``,
+Same interface as ``DynamicBatcher`` for the fronts (``submit``, ``submit_async``, ``ready``, ``stats``,
 ``trace``, ``stop``), so ``http.py`` serves either.
 
 Must not: know about HTTP, or batch by itself (each replica batches its own requests).
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastload.errors import DeviceFailure, Overloaded
+from fastload.serve._futures import await_future
 from fastload.serve.batcher import DynamicBatcher
 
 __all__ = ["Router"]
@@ -170,6 +171,10 @@ class Router:
                                                                                      holder, retried=False))
             return outer
         raise last if isinstance(last, Overloaded) else Overloaded(f"no replica accepted the request: {last}")
+
+    async def submit_async(self, data: bytes, *, timeout: float | None = None) -> Any:
+        """``await`` the output for one encoded image (see ``DynamicBatcher.submit_async``), with the same routing."""
+        return await await_future(self.submit(data, timeout=timeout), timeout)
 
     def _chain(self, inner: concurrent.futures.Future, outer: concurrent.futures.Future, replica: DynamicBatcher,
                data: bytes, deadline: float | None, holder: list, *, retried: bool) -> None:

@@ -232,6 +232,63 @@ def test_submit_async_awaits_the_result():
     assert [o.shape for o in outs] == [(1,), (1,)]
 
 
+def _in_model(b: DynamicBatcher, n: int = 1) -> None:
+    """Wait until ``n`` accepted requests have reached the (held) model and none waits."""
+    for _ in range(500):
+        s = b.stats()
+        if s["in_flight"] == n and s["waiting"] == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the held request never reached the model: {b.stats()}")
+
+
+def test_submit_async_past_its_deadline_raises_and_leaves_the_queue():
+    import asyncio
+
+    from fastload.errors import DeadlineExceeded
+
+    model = FakeModel()
+    with make(model, max_batch=1, max_wait_ms=0, max_queue=2) as b:
+        model.gate.clear()  # the model holds the first request: the second waits in the queue
+        held = b.submit(images(1)[0])
+        _in_model(b)
+
+        async def late():
+            t0 = time.perf_counter()
+            with pytest.raises(DeadlineExceeded, match="deadline"):
+                await b.submit_async(images(1)[0], timeout=0.3)
+            return time.perf_counter() - t0
+
+        took = asyncio.run(late())
+        waiting = b.stats()["waiting"]
+        model.gate.set()
+        held.result(5)
+    assert 0.25 < took < 2 and waiting == 0  # answered at the deadline, and its queue place was freed
+
+
+def test_cancelling_the_awaiting_task_cancels_the_request():
+    import asyncio
+
+    model = FakeModel()
+    with make(model, max_batch=1, max_wait_ms=0, max_queue=4) as b:
+        model.gate.clear()
+        held = b.submit(images(1)[0])
+        _in_model(b)
+
+        async def client_gone():
+            task = asyncio.ensure_future(b.submit_async(images(1)[0]))
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(client_gone())
+        s = b.stats()
+        model.gate.set()
+        held.result(5)
+    assert s["waiting"] == 0 and s["expired"] == 1
+
+
 class SlowPre(EvalTransform):
     """The eval preset after a fixed delay (a slow decoder)."""
 

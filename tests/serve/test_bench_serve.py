@@ -42,3 +42,26 @@ def test_before_preprocessing_gives_the_same_geometry_as_fastloads():
 def test_bench_options_are_validated(bad):
     with pytest.raises(ValueError):
         ServeBenchOptions(**bad)
+
+
+@pytest.mark.slow
+def test_bench_serve_fronts_runs_both_fronts_as_processes_at_every_load(tmp_path):
+    pytest.importorskip("uvicorn", reason="the asgi front needs the serve extra")
+    out = tmp_path / "fronts.json"
+    r = CliRunner().invoke(main, ["bench", "serve", "--fronts", "stdlib,asgi", "--model", "simulated", "--batch-ms",
+                                  "2+0.1*n", "--image-size", "64", "--max-batch", "4", "--rates", "15,30",
+                                  "--rounds", "1", "--duration", "0.5", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads(out.read_text())
+    assert {(p["front"], p["offered_rate"]) for p in report["points"]} == {
+        (f, rate) for f in ("stdlib", "asgi") for rate in (15.0, 30.0)}
+    for p in report["points"]:
+        assert p["sent"] > 0 and p["errors"] == 0 and p["ok"] + p["rejected"] == p["sent"]
+        assert p["cpu_ms_per_request"] > 0 and p["rss_mb"] > 0
+    assert [x["of"] for x in report["ratios"]] == ["asgi/stdlib"] * 2
+    assert "asgi/stdlib per round" in r.output
+
+
+def test_bench_fronts_needs_both_fronts():
+    r = CliRunner().invoke(main, ["bench", "serve", "--fronts", "asgi"])
+    assert r.exit_code == 2 and "--fronts must be 'stdlib,asgi'" in r.output

@@ -1,4 +1,8 @@
-"""The HTTP front on 127.0.0.1 with an ephemeral port: answers, errors, overload, health."""
+"""Both HTTP fronts on 127.0.0.1 with an ephemeral port: answers, errors, overload, deadline, health, draining.
+
+Every test runs against the standard library front (``http.py``) and the ASGI one
+(``asgi.py``, skipped without the ``serve`` extra): one contract, one set of assertions.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import pytest
 import torch
 
 from fastload.load.transforms import EvalTransform
-from fastload.serve import DynamicBatcher, make_server, serve_forever
+from fastload.serve import DynamicBatcher, FrontOptions
 from helpers import bomb_png, jpeg_bomb, jpeg_bytes, photo
 
 
@@ -24,18 +28,32 @@ class Logits:
         return torch.stack([torch.arange(10, dtype=torch.float32) * (1 + x[i].mean().abs()) for i in range(len(x))])
 
 
-@pytest.fixture
-def server():
+def start(batcher, server: str, **limits):
+    if server == "asgi":
+        pytest.importorskip("uvicorn", reason="the asgi front needs the serve extra")
+        from fastload.serve.asgi import make_server, serve_forever
+    else:
+        from fastload.serve.http import make_server, serve_forever
+    srv = make_server(batcher, port=0, k=3, classes=[f"c{i}" for i in range(10)],
+                      options=FrontOptions(server=server, **limits))
+    return srv, serve_forever(srv)
+
+
+def stop(srv, thread, batcher) -> None:
+    srv.shutdown()
+    thread.join()
+    srv.close_all(2)
+    batcher.stop(drain=False)
+
+
+@pytest.fixture(params=["stdlib", "asgi"])
+def server(request):
     model = Logits()
     batcher = DynamicBatcher(model, preprocess=EvalTransform(32, 40), max_batch=4, max_wait_ms=5, max_queue=3,
                              device="cpu")
-    srv = make_server(batcher, port=0, k=3, classes=[f"c{i}" for i in range(10)])
-    thread = serve_forever(srv)
+    srv, thread = start(batcher, request.param)
     yield srv, batcher, model
-    srv.shutdown()
-    thread.join()
-    srv.server_close()
-    batcher.stop(drain=False)
+    stop(srv, thread, batcher)
 
 
 def call(srv, method, path, body=b"", ctype="image/jpeg"):
@@ -44,7 +62,7 @@ def call(srv, method, path, body=b"", ctype="image/jpeg"):
     conn.request(method, path, body=body, headers=headers)
     resp = conn.getresponse()
     data = json.loads(resp.read() or b"{}")
-    out = (resp.status, data, dict(resp.getheaders()))
+    out = (resp.status, data, {k.title(): v for k, v in resp.getheaders()})  # starlette sends lowercase names
     conn.close()
     return out
 
@@ -131,3 +149,55 @@ def test_metrics_for_a_single_batcher_parse_and_count_requests(server):
     sizes = [s for s in families["fastload_batch_size"].samples if s.name == "fastload_batch_size_count"]
     assert sizes[0].value >= 1  # at least one batch (the three may have shared batches)
     assert {s.labels["status"]: s.value for s in families["fastload_http_responses"].samples}["200"] == 3
+
+
+@pytest.mark.parametrize("front", ["stdlib", "asgi"])
+def test_past_the_request_deadline_is_504_and_the_request_leaves_the_queue(front):
+    model = Logits()
+    batcher = DynamicBatcher(model, preprocess=EvalTransform(32, 40), max_batch=1, max_wait_ms=0, max_queue=4,
+                             device="cpu").start()
+    srv, thread = start(batcher, front, request_timeout_s=0.5)
+    try:
+        model.gate.clear()  # the model holds the first request; the second waits in the queue past its deadline
+        held = threading.Thread(target=call, args=(srv, "POST", "/predict", jpeg_bytes(photo(40, 40))))
+        held.start()
+        for _ in range(200):  # the first request is in the model before the second is sent
+            s = batcher.stats()
+            if s["in_flight"] == 1 and s["waiting"] == 0:
+                break
+            threading.Event().wait(0.01)
+        status, out, _ = call(srv, "POST", "/predict", jpeg_bytes(photo(40, 40)))
+        waiting = batcher.stats()["waiting"]
+        model.gate.set()
+        held.join(10)
+    finally:
+        stop(srv, thread, batcher)
+    assert status == 504 and "deadline" in out["error"]
+    assert waiting == 0  # its place in the queue was freed at once
+
+
+def test_draining_answers_503_to_new_predictions_and_healthz_says_so(server):
+    srv, batcher, _ = server
+    batcher.start()
+    srv.begin_drain()
+    status, out, headers = call(srv, "POST", "/predict", jpeg_bytes(photo(40, 40)))
+    assert status == 503 and "shutting down" in out["error"] and headers["Retry-After"] == "1"
+    assert call(srv, "GET", "/healthz")[0] == 503  # stdlib refuses the new connection; asgi answers draining
+
+
+def test_asgi_front_without_the_extra_says_which_pip_command_fixes_it(monkeypatch):
+    import builtins
+
+    from fastload.errors import MissingDependencyError
+    from fastload.serve import asgi
+
+    real = builtins.__import__
+
+    def no_uvicorn(name, *args, **kwargs):
+        if name.split(".")[0] in ("uvicorn", "starlette"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[serve\]'"):
+        asgi.make_server(object(), port=0)

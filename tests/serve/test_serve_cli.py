@@ -16,7 +16,7 @@ def test_help_lists_the_production_options():
     assert r.exit_code == 0
     for option in ("--devices", "--replicas", "--dtype", "--max-pixels", "--request-timeout", "--header-timeout",
                    "--body-timeout", "--idle-timeout", "--max-connections", "--max-body-mb", "--drain-timeout",
-                   "--batch-ms", "--cpu-fallback"):
+                   "--batch-ms", "--cpu-fallback", "--front"):
         assert option in r.output, option
 
 

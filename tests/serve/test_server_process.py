@@ -25,10 +25,12 @@ def _post(port: int) -> int:
         return -1  # refused: the listening socket is closed (not accepted, so no reset of an accepted request)
 
 
-@pytest.mark.parametrize("trial", range(3))
-def test_sigterm_drains_accepted_requests_and_new_ones_get_503_not_resets(trial):
+@pytest.mark.parametrize("front, trial", [("stdlib", 0), ("stdlib", 1), ("stdlib", 2), ("asgi", 0), ("asgi", 1)])
+def test_sigterm_drains_accepted_requests_and_new_ones_get_503_not_resets(front, trial):
+    if front == "asgi":
+        pytest.importorskip("uvicorn", reason="the asgi front needs the serve extra")
     proc = ServeProcess("--model", "simulated", "--batch-ms", "400", "--devices", "cpu", "--max-batch", "4",
-                        "--max-wait-ms", "0", "--size", "32", "--resize", "40")
+                        "--max-wait-ms", "0", "--size", "32", "--resize", "40", "--front", front)
     try:
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             accepted = [pool.submit(_post, proc.port) for _ in range(6)]

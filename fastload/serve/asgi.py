@@ -1,0 +1,328 @@
+"""The ASGI front: ``routes.py`` as a starlette app served by uvicorn (``pip install 'fastload[serve]'``).
+
+Owns: the starlette app (the same routes and answers as ``http.py``: both ask
+``routes.py``), awaiting predictions with ``submit_async`` on uvicorn's event loop (no
+thread per connection or request), the uvicorn server on a socket bound here (``port=0``
+and bind errors behave as in ``http.py``), the defences uvicorn leaves to the application,
+and the interface ``app.py`` drives (``serve_forever``, ``begin_drain``, ``wait_idle``,
+``shutdown``, ``refuse_backlog``, ``http_stats``, ``close_all``).
+
+What applies as in ``http.py``, and where:
+- framing: uvicorn's parser (httptools, or h11 without it) frames every request, and
+  refuses a malformed ``Content-Length`` itself (its own 400 "Invalid HTTP request
+  received.", connection closed); the app then applies ``routes.framing`` (411 on chunked
+  or a missing length on POST);
+- 413 from the headers before the body is read; after every answer that closes the
+  connection (413, framing, draining, a body sent with a GET) the app reads and discards
+  what the client still sends (until ``linger_s`` passes without data, 30 s at most), as
+  ``http.py``'s lingering close does, so the client reads the answer, not a reset;
+- the body deadline (``body_timeout_s`` over the whole body: 408, closed): the app reads
+  the body, so it bounds it;
+- keep-alive idle timeout: uvicorn's ``timeout_keep_alive``;
+- the connection cap: a request arriving while more than ``max_connections`` connections
+  are open gets 503 + ``Retry-After`` (uvicorn's own ``limit_concurrency`` answers without
+  ``Retry-After`` and outside the app's counters); idle connections cost no thread;
+- queue cap (503), request deadline (504, the request leaves the queue: cancelling the
+  awaiting task cancels it), pixel budget and bad images (400): the batcher and ``routes.py``.
+
+What uvicorn does not allow (``tests/serve/test_front_probes.py`` shows each):
+- no deadline for the request line and headers: uvicorn arms its keep-alive timer only
+  between requests and cancels it on any byte received, so a client that dribbles headers,
+  or connects and sends nothing, holds its connection (and a place under the connection
+  cap) for as long as it likes. Adding one means wrapping uvicorn's protocol class (as
+  https://github.com/xorbitsai/inference/pull/5213 does) or a proxy's header timeout in front;
+- uvicorn's own 400s (unparseable requests) are not counted in ``/metrics``.
+
+Must not: decide what a route answers (``routes.py``), preprocess or batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.util
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from fastload.errors import MissingDependencyError
+from fastload.serve._conn import Lingerer, accept_backlog, refuse
+from fastload.serve.routes import FrontOptions, Reply, Routes, framing
+
+__all__ = ["AsgiServer", "make_server", "serve_forever", "require"]
+
+log = logging.getLogger("fastload.serve")
+
+_LINGER_MAX_S = 30.0  # as http.py's Lingerer: a client streaming a huge body is cut after this
+_GET = ("GET", "HEAD")
+
+
+def require() -> Any:
+    """The ``uvicorn`` module; ``MissingDependencyError`` with the pip command when the extra is missing."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise MissingDependencyError(f"the ASGI front needs uvicorn and starlette ({exc}).\n"
+                                     "HINT: pip install 'fastload[serve]', or serve with --front stdlib") from None
+    return uvicorn
+
+
+async def _discard(receive, quiet_s: float, max_s: float) -> None:
+    """Drop what the client still sends: until its body ends, it leaves, ``quiet_s`` pass without data, or ``max_s``."""
+    end = time.monotonic() + max_s
+    while (left := end - time.monotonic()) > 0:
+        try:
+            message = await asyncio.wait_for(receive(), min(quiet_s, left))
+        except asyncio.TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+def _response(reply: Reply, *, close: bool, linger: tuple[float, float] | None):
+    """A starlette response for ``reply``; with ``linger``, it discards the client's unread input before closing."""
+    from starlette.responses import Response
+
+    class _Linger(Response):
+        async def __call__(self, scope, receive, send) -> None:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.body", "body": self.body, "more_body": True})
+            await _discard(receive, *linger)  # the answer is out; the connection closes after this
+            await send({"type": "http.response.body", "body": b""})
+
+    headers = {**reply.headers, **({"Connection": "close"} if close else {})}
+    return (Response if linger is None else _Linger)(reply.encoded(), reply.status, headers, media_type=reply.ctype)
+
+
+class _App:
+    """The ASGI callable: counts and guards every request (connection cap, framing), then starlette routes it."""
+
+    def __init__(self, server: AsgiServer) -> None:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        self.server, self.routes, self.options = server, server.routes, server.options
+        self.active = 0
+        self.refused = 0
+        get = [Route(p, self._get, methods=["GET"]) for p in ("/healthz", "/stats", "/metrics", "/trace")]
+        self.starlette = Starlette(routes=[Route("/predict", self._predict, methods=["POST"]), *get,
+                                           Route("/{path:path}", self._other, methods=["GET", "HEAD", "POST", "PUT",
+                                                                                       "DELETE", "PATCH", "OPTIONS"])])
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":  # lifespan is off; websockets are not served
+            return
+
+        async def counted(message) -> None:
+            if message["type"] == "http.response.start":
+                self.routes.count(message["status"])
+            await send(message)
+
+        self.active += 1
+        try:
+            early = self._guard(scope)
+            if early is None:
+                await self.starlette(scope, receive, counted)
+            else:
+                await self._reply(early, scope)(scope, receive, counted)
+        finally:
+            self.active -= 1
+
+    def _guard(self, scope) -> Reply | None:
+        """503 over the connection cap; the framing error, if any (the body length goes in ``scope["state"]``)."""
+        if self.server.connections() > self.options.max_connections:
+            self.refused += 1
+            return Reply(503, {"error": f"{self.options.max_connections} connections are open (max_connections); "
+                                        "retry later"}, {"Retry-After": "1"}, close=True)
+        headers = scope["headers"]
+        te = [v.decode("latin-1") for n, v in headers if n == b"transfer-encoding"]
+        lengths = [v.decode("latin-1") for n, v in headers if n == b"content-length"]
+        length = framing(", ".join(te) if te else None, lengths, body_allowed=scope["method"] == "POST")
+        if isinstance(length, Reply):
+            return length
+        scope.setdefault("state", {})["content_length"] = length
+        return None
+
+    def _reply(self, reply: Reply, scope, *, linger_s: float | None = None):
+        """The response for ``reply``; a closing one lingers (a body sent with a GET closes too)."""
+        unread = scope["method"] != "POST" and scope.get("state", {}).get("content_length", 0) > 0
+        close = reply.close or unread or self.routes.draining
+        lingering = reply.close or unread
+        linger = ((self.options.linger_s, _LINGER_MAX_S if linger_s is None else linger_s) if lingering else None)
+        return _response(reply, close=close, linger=linger)
+
+    # ---- routes ----------------------------------------------------------------------------
+
+    async def _get(self, request):
+        path = request.url.path
+        if path == "/healthz":
+            reply = self.routes.get(path, self.server.http_stats)
+        else:  # stats, metrics and traces take milliseconds of CPU: off the event loop
+            from starlette.concurrency import run_in_threadpool
+
+            reply = await run_in_threadpool(self.routes.get, path, self.server.http_stats)
+        return self._reply(reply, request.scope)
+
+    async def _other(self, request):
+        method, path = request.method, request.url.path
+        length = request.scope["state"]["content_length"]
+        reply = self.routes.get(path, self.server.http_stats) if method in _GET else \
+            self.routes.not_found(method, path, length)
+        return self._reply(reply, request.scope)
+
+    async def _predict(self, request):
+        from starlette.requests import ClientDisconnect
+
+        length = request.scope["state"]["content_length"]
+        early = self.routes.before_body(request.url.path, length)
+        if early is not None:
+            return self._reply(early, request.scope)
+
+        async def read() -> bytes:
+            return b"".join([chunk async for chunk in request.stream()])
+
+        try:
+            body = await asyncio.wait_for(read(), self.options.body_timeout_s)
+        except asyncio.TimeoutError:  # a slow body: answer and close, lingering at most linger_s
+            return self._reply(self.routes.body_timeout(), request.scope, linger_s=self.options.linger_s)
+        except ClientDisconnect:  # gone mid-body: nobody to answer
+            return self._reply(Reply(400, {"error": "the client closed the connection mid-body"}, close=True),
+                               request.scope, linger_s=0.001)
+        reply = self.routes.check_body(request.headers.get("content-type"), body) or \
+            await self.routes.predict_async(body)
+        return self._reply(reply, request.scope)
+
+
+def _listen(host: str, port: int, backlog: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class AsgiServer:
+    """uvicorn serving the app for ``target`` (a ``DynamicBatcher`` or a ``Router``) on a socket bound here."""
+
+    backlog = 512  # as http.py: the listen backlog absorbs a burst of connections
+
+    def __init__(self, target: Any, host: str, port: int, options: FrontOptions,
+                 classes: list[str] | None = None) -> None:
+        uvicorn = require()
+        self.options = options
+        self.routes = Routes(target, options, classes)
+        self.socket = _listen(host, port, self.backlog)
+        self.server_address = self.socket.getsockname()
+        # a second handle on the listening socket: when uvicorn closes its own at shutdown, the backlog stays
+        # for refuse_backlog() to answer 503 (as http.py does) instead of the kernel resetting it
+        self._spare = self.socket.dup()
+        self.app = _App(self)
+        self.http_impl = "httptools" if importlib.util.find_spec("httptools") else "h11"
+        self.config = uvicorn.Config(self.app, http=self.http_impl, lifespan="off", log_config=None,
+                                     log_level="warning", access_log=False, proxy_headers=False, server_header=False,
+                                     timeout_keep_alive=options.idle_timeout_s, backlog=self.backlog,
+                                     timeout_graceful_shutdown=max(1.0, options.linger_s))
+        self.uvicorn = uvicorn.Server(self.config)
+        self.lingerer = Lingerer()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def draining(self) -> bool:
+        return self.routes.draining
+
+    def connections(self) -> int:
+        return len(self.uvicorn.server_state.connections)
+
+    def run(self) -> None:
+        """Serve until ``shutdown()``, on an event loop of this thread (uvloop when installed)."""
+        if importlib.util.find_spec("uvloop") is not None:
+            import uvloop
+
+            loop = uvloop.new_event_loop()
+        else:
+            loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self.uvicorn.serve(sockets=[self.socket]))
+        finally:
+            loop.close()
+
+    # ---- draining (the interface app.py drives, as http.py's server) -------------------------
+
+    def begin_drain(self) -> None:
+        """New requests get 503 + Connection: close; idle keep-alive connections close."""
+        self.routes.draining = True
+        if self._loop is not None and not self._loop.is_closed():
+            def close_idle() -> None:
+                for conn in list(self.uvicorn.server_state.connections):
+                    conn.shutdown()  # uvicorn's own: closes an idle connection, or closes after the answer
+
+            self._loop.call_soon_threadsafe(close_idle)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is being handled; False if ``timeout`` passed first."""
+        deadline = time.monotonic() + timeout
+        while self.app.active and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self.app.active
+
+    def shutdown(self) -> None:
+        """Stop uvicorn (it closes its listening socket and connections) and wait for its thread."""
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+
+    def refuse_backlog(self) -> int:
+        """Answer 503 to the connections still in the listen backlog (instead of a reset at close)."""
+        n = 0
+        for sock in accept_backlog(self._spare):
+            if refuse(sock, "the server is shutting down", self.lingerer, self.options.linger_s):
+                self.routes.count(503)
+            n += 1
+        return n
+
+    def close_all(self, timeout: float) -> None:
+        self._spare.close()
+        self.lingerer.close(timeout)
+
+    def server_close(self) -> None:
+        self.socket.close()
+        self._spare.close()
+
+    # ---- reporting ------------------------------------------------------------------------
+
+    def http_stats(self) -> dict[str, Any]:
+        return {"front": "asgi", "http_impl": self.http_impl, "connections": self.connections(),
+                "active_requests": self.app.active, "refused_connections": self.app.refused,
+                "responses": self.routes.responses(), "draining": self.draining}
+
+
+def make_server(target: Any, host: str = "127.0.0.1", port: int = 8000, *, k: int | None = None,
+                classes: list[str] | None = None, options: FrontOptions | None = None) -> AsgiServer:
+    """An ASGI front for ``target`` bound to ``host:port`` (as ``http.make_server``; ``port=0``: ephemeral).
+
+    Raises:
+        MissingDependencyError: uvicorn or starlette is not installed.
+    """
+    options = options or FrontOptions(server="asgi")
+    if k is not None:
+        options = dataclasses.replace(options, k=k)
+    return AsgiServer(target, host, port, options, classes)
+
+
+def serve_forever(server: AsgiServer) -> threading.Thread:
+    """Run ``server`` in a daemon thread; returns the thread (``server.shutdown()`` stops it)."""
+    t = threading.Thread(target=server.run, name="fastload-asgi", daemon=True)
+    server._thread = t
+    t.start()
+    return t
