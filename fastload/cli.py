@@ -308,11 +308,14 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
               help="Interleaved rounds (path order rotated each round); the median is reported.")
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
               help="Also time a store packed with --max-side N (different data: labelled so).")
+@click.option("--reduced-encoding", type=click.Choice(["jpeg", "raw", "auto"]), default="jpeg", show_default=True,
+              help="--encoding of the --max-side store (raw: pixels, no decode when training).")
 @click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
               "fastload-threads, fastload-reduced, webdataset, dali-cpu, spdl, ffcv.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the result here.")
 @_friendly
-def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, paths, json_out) -> None:
+def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
+                     json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -323,7 +326,8 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     from fastload.measure.bench_loader import LoaderBenchOptions, bench_loader
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
-                              rounds=rounds, max_side=max_side, paths=tuple(paths) or None)
+                              rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
+                              paths=tuple(paths) or None)
     result = bench_loader(_data_or_default(data), store=store, options=opts)
     click.echo(result.table())
     if json_out:

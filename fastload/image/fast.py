@@ -183,8 +183,8 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
             log.debug("nvImageCodec region decode failed; decoding the whole image instead (counted in "
                       "fastload.image.fast.fallback_counts())")
     view = _raw_view(data)
-    if view is not None:  # raw pixels: copy only the region
-        return np.ascontiguousarray(view[top:top + height, left:left + width])
+    if view is not None:  # raw pixels: copy only the region (a copy even when it is the whole image: the
+        return view[top:top + height, left:left + width].copy()  # view is read-only, torch warns on it)
     return decode_rgb_fast(data)[top:top + height, left:left + width]
 
 

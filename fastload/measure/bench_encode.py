@@ -27,24 +27,20 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from fastload.measure.bench_decode import DecodeBenchOptions
+
 __all__ = ["EncodeBenchOptions", "EncodeBench", "bench_encode", "CANDIDATES"]
 
 CANDIDATES = ("png", "webp-lossless", "jpeg-q95-444", "jpeg-q90-420")
 
 
 @dataclass(frozen=True, kw_only=True)
-class EncodeBenchOptions:
+class EncodeBenchOptions(DecodeBenchOptions):
     """``images``: the first N image files under the folder; ``rounds``: interleaved timing
-    rounds; ``size``: the train preset's crop size."""
+    rounds; ``size``: the train preset's crop size (validated as ``bench decode``'s)."""
 
     images: int = 24
     rounds: int = 3
-    size: int = 224
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.images < 1 or self.rounds < 1 or self.size < 8:
-            raise ValueError("images >= 1, rounds >= 1 and size >= 8 are required")
 
 
 @dataclass

@@ -62,6 +62,8 @@ class LoaderBenchOptions:
         warmup: untimed batches per path per round (each round starts the path's workers).
         rounds: interleaved rounds, order rotated each round; the median is reported.
         max_side: also pack a store at this reduced longer side and time it.
+        reduced_encoding: ``convert --encoding`` of that store (``jpeg``, ``raw``: pixels, no
+            decode, or ``auto``).
         paths: the paths to run (default: every one that can run here).
     """
 
@@ -72,11 +74,17 @@ class LoaderBenchOptions:
     warmup: int = 4
     rounds: int = 3
     max_side: int | None = None
+    reduced_encoding: str = "jpeg"
     paths: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
+        from fastload.image.policy import ENCODING_CHOICES
+
         if self.workers < 0 or self.batch_size < 1 or self.batches < 1 or self.rounds < 1 or self.warmup < 0:
             raise ValueError("workers >= 0, batch_size >= 1, batches >= 1, rounds >= 1 and warmup >= 0 are required")
+        if self.reduced_encoding not in ENCODING_CHOICES:
+            raise ValueError(f"Unknown value {self.reduced_encoding!r} for argument reduced_encoding. Valid values are "
+                             f"{', '.join(ENCODING_CHOICES)}.")
 
 
 @dataclass
@@ -278,7 +286,9 @@ ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", 
 def _display(name: str, o: LoaderBenchOptions) -> str:
     if name == "fastload-threads":
         return "fastload (threads)"
-    return f"fastload (max-side {o.max_side})" if name == "fastload-reduced" else name
+    if name != "fastload-reduced":
+        return name
+    return f"fastload (max-side {o.max_side}{'' if o.reduced_encoding == 'jpeg' else ', ' + o.reduced_encoding})"
 
 
 def _reason(exc: BaseException) -> str:
@@ -336,7 +346,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         reduced = tmp / "reduced.lmdb"
 
         def prep_reduced() -> Callable[[], BuiltStage]:
-            convert(data, reduced, ConvertOptions(max_side=o.max_side, progress=progress))
+            convert(data, reduced, ConvertOptions(max_side=o.max_side, encoding=o.reduced_encoding, progress=progress))
             return _stage_path("fast", StageData(data, reduced), o)
 
         add("fastload-reduced", prep_reduced, reads=reduced, missing=None if o.max_side else "needs --max-side N")

@@ -251,9 +251,11 @@ def _serve_once(options: ServeBenchOptions, model, name: str, rate: float, bodie
     return res
 
 
-def _median_point(runs: list[dict]) -> dict:
-    out = {"config": runs[0]["config"], "offered_rate": runs[0]["offered_rate"], "rounds": len(runs)}
-    for key in ("throughput", "p50_ms", "p99_ms", "busy_fraction", "mean_batch_size"):
+def _median_point(runs: list[dict], label: str = "config",
+                  keys: tuple[str, ...] = ("throughput", "p50_ms", "p99_ms", "busy_fraction", "mean_batch_size")) -> dict:
+    """One load point over its rounds: the median of each of ``keys`` with its range; counts summed."""
+    out = {label: runs[0][label], "offered_rate": runs[0]["offered_rate"], "rounds": len(runs)}
+    for key in keys:
         vals = [r[key] for r in runs]
         out[key] = float(np.median(vals))
         out[f"{key}_range"] = [float(min(vals)), float(max(vals))]

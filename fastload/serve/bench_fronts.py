@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload.serve.bench import ServeBenchOptions, _bodies, _capacity, run_load
+from fastload.serve.bench import ServeBenchOptions, _bodies, _capacity, _median_point, run_load
 
 __all__ = ["bench_fronts", "check_fronts", "format_fronts_table"]
 
@@ -151,22 +151,11 @@ def bench_fronts(options: ServeBenchOptions, fronts: tuple[str, ...], *, progres
     finally:
         for server in servers.values():
             server.stop()
-    points = [_median(raw[(front, rate)]) for rate in rates for front in fronts]
+    points = [_median_point(raw[(front, rate)], "front", _KEYS) for rate in rates for front in fronts]
     ratios = [_ratios(raw[(fronts[0], rate)], raw[(fronts[1], rate)], rate) for rate in rates]
     return {"options": {**dataclasses.asdict(options), "fronts": list(fronts)}, "workers": workers,
             "capacity": capacity, "rates": rates, "points": points, "ratios": ratios,
             "runs": [r for runs in raw.values() for r in runs]}
-
-
-def _median(runs: list[dict]) -> dict:
-    out = {"front": runs[0]["front"], "offered_rate": runs[0]["offered_rate"], "rounds": len(runs)}
-    for key in _KEYS:
-        vals = [r[key] for r in runs]
-        out[key] = float(np.median(vals))
-        out[f"{key}_range"] = [float(min(vals)), float(max(vals))]
-    for key in ("sent", "ok", "rejected", "errors"):
-        out[key] = int(sum(r[key] for r in runs))
-    return out
 
 
 def _ratios(base: list[dict], other: list[dict], rate: float) -> dict:

@@ -1,4 +1,5 @@
-"""``fastload bench encode``: every candidate measured on the same images, fidelity right, never a timing."""
+"""``fastload bench encode`` (every candidate measured on the same images, fidelity right) and the raw
+reduced store of ``bench loader``; never a timing."""
 
 from __future__ import annotations
 
@@ -45,3 +46,17 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     empty.mkdir()
     r = CliRunner().invoke(main, ["bench", "encode", str(empty)])
     assert r.exit_code != 0 and "no readable image files" in r.output
+
+
+def test_bench_loader_reduced_store_can_be_raw(tiny_tree, tmp_path, monkeypatch):
+    """--reduced-encoding reaches the conversion of the --max-side store, and the row says so."""
+    import fastload.pack.convert as pc
+
+    seen, real = [], pc.convert
+    monkeypatch.setattr(pc, "convert", lambda src, dst, opts: seen.append(opts) or real(src, dst, opts))
+    r = CliRunner().invoke(main, ["bench", "loader", str(tiny_tree), "--workers", "1", "--batch-size", "4",
+                                  "--image-size", "32", "--batches", "1", "--rounds", "1", "--max-side", "48",
+                                  "--reduced-encoding", "raw", "--path", "torchvision", "--path", "fastload-reduced"])
+    assert r.exit_code == 0, r.output
+    assert "fastload (max-side 48, raw)" in r.output and "different data: the max-side 48 store" in r.output
+    assert [(o.max_side, o.encoding) for o in seen if o.max_side] == [(48, "raw")]

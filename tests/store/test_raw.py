@@ -40,6 +40,10 @@ def test_raw_round_trip_is_pixel_exact(raw_store, tiny_store):
         np.testing.assert_array_equal(np.asarray(raw[i][0]), want)  # Pillow reads the PPM too
         assert image_size(data) == want.shape[:2]
         np.testing.assert_array_equal(decode_rgb_region(data, 3, 5, 10, 12), want[3:13, 5:17])
+        h, w = want.shape[:2]
+        whole = decode_rgb_region(data, 0, 0, h, w)  # a crop of the whole image (RRC's fallback)
+        assert whole.flags.writeable and decode_rgb_fast(data).flags.writeable  # torch warns on read-only arrays
+        np.testing.assert_array_equal(whole, want)
 
 
 def test_presets_on_raw_records_match_the_same_crop_of_the_pixels(raw_store):
