@@ -78,7 +78,8 @@ from fastload.image.damage import DROP_BAD_CHUNKS, jpeg_damage, png_damage, png_
 from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, raw_header, sniff
 
 __all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
-           "AUTO_RAW_MAX_PIXELS", "LOSSY_REENCODE", "psnr", "is_jpeg", "sniff", "jpeg_frame", "raw_header", "encode_raw", "check_pixels",
+           "AUTO_RAW_MAX_PIXELS", "LOSSY_REENCODE", "psnr", "is_jpeg", "sniff", "jpeg_frame", "raw_header",
+           "encode_raw", "check_pixels",
            "open_image", "to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
            "jpeg_damage", "prepare", "read_source_file", "prepare_file", "sample_error"]
 

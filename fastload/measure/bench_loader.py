@@ -3,8 +3,9 @@
 Owns: the bench-only paths (WebDataset, SPDL in ``_spdl_path.py``, FFCV, when importable)
 next to the stages it shares with recipes (``stages.py``: ``torchvision`` is the ``workers``
 stage, ``fastload`` the ``fast`` stage, ``fastload-threads`` the ``threads`` stage,
-``dali-cpu``), all with the same batch size and worker count; timing them in interleaved
-rounds; and the single-core ceiling of each store.
+``fastload-reduced`` the ``threads`` stage on a ``--max-side`` store, ``dali-cpu``), all
+with the same batch size and worker count; timing them in interleaved rounds; and the
+single-core ceiling of each store.
 
 Discipline, so a figure does not depend on which path ran before it:
 
@@ -61,7 +62,8 @@ class LoaderBenchOptions:
         batches: timed batches per path per round (after ``warmup``).
         warmup: untimed batches per path per round (each round starts the path's workers).
         rounds: interleaved rounds, order rotated each round; the median is reported.
-        max_side: also pack a store at this reduced longer side and time it.
+        max_side: also pack a store at this reduced longer side and time it, read by the thread
+            pipeline (fastload's fastest path; the ``threads`` stage).
         reduced_encoding: ``convert --encoding`` of that store (``jpeg``, ``raw``: pixels, no
             decode, or ``auto``).
         paths: the paths to run (default: every one that can run here).
@@ -136,12 +138,13 @@ class LoaderBench:
                       f"{r.round_ratios[0]:.2f}x")
             frac = self._of_ceiling(r)
             lines.append(f"{r.name:<26}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
-                         + (f"{frac:>11.0%}" + ("†" if r.name.startswith("fastload (max-side") else "")
+                         + (f"{frac:>11.0%}" + ("†" if r.name.startswith("fastload (threads, max-side") else "")
                             if frac is not None else f"{'-':>12}"))
         if self.ceiling_per_core:
             lines.append(f"single-core ceiling: {self.ceiling_per_core:.0f} images/s per core (tight decode+crop "
                          f"loop on the full-resolution store) x {max(1, o.workers)} = {self.ceiling:.0f}")
-        reduced = next((r for r in self.results if r.name.startswith("fastload (max-side") and r.ceiling_per_core),
+        reduced = next((r for r in self.results
+                        if r.name.startswith("fastload (threads, max-side") and r.ceiling_per_core),
                        None)
         if reduced:
             lines.append(f"† different data: the max-side {o.max_side} store (ceiling "
@@ -288,7 +291,8 @@ def _display(name: str, o: LoaderBenchOptions) -> str:
         return "fastload (threads)"
     if name != "fastload-reduced":
         return name
-    return f"fastload (max-side {o.max_side}{'' if o.reduced_encoding == 'jpeg' else ', ' + o.reduced_encoding})"
+    encoding = "" if o.reduced_encoding == "jpeg" else f", {o.reduced_encoding}"
+    return f"fastload (threads, max-side {o.max_side}{encoding})"
 
 
 def _reason(exc: BaseException) -> str:
@@ -347,7 +351,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
 
         def prep_reduced() -> Callable[[], BuiltStage]:
             convert(data, reduced, ConvertOptions(max_side=o.max_side, encoding=o.reduced_encoding, progress=progress))
-            return _stage_path("fast", StageData(data, reduced), o)
+            return _stage_path("threads", StageData(data, reduced), o)
 
         add("fastload-reduced", prep_reduced, reads=reduced, missing=None if o.max_side else "needs --max-side N")
         has_wds = importlib.util.find_spec("webdataset") is not None

@@ -251,8 +251,10 @@ def _serve_once(options: ServeBenchOptions, model, name: str, rate: float, bodie
     return res
 
 
-def _median_point(runs: list[dict], label: str = "config",
-                  keys: tuple[str, ...] = ("throughput", "p50_ms", "p99_ms", "busy_fraction", "mean_batch_size")) -> dict:
+_POINT_KEYS = ("throughput", "p50_ms", "p99_ms", "busy_fraction", "mean_batch_size")
+
+
+def _median_point(runs: list[dict], label: str = "config", keys: tuple[str, ...] = _POINT_KEYS) -> dict:
     """One load point over its rounds: the median of each of ``keys`` with its range; counts summed."""
     out = {label: runs[0][label], "offered_rate": runs[0]["offered_rate"], "rounds": len(runs)}
     for key in keys:

@@ -41,14 +41,14 @@ def test_bench_loader_paths_ceilings_and_per_round_ratios(tiny_tree, tmp_path):
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     paths = {p["name"]: p for p in result["paths"]}
-    assert list(paths) == ["torchvision", "fastload", "fastload (max-side 64)", "ffcv"]
-    for name in ("torchvision", "fastload", "fastload (max-side 64)"):
+    assert list(paths) == ["torchvision", "fastload", "fastload (threads, max-side 64)", "ffcv"]
+    for name in ("torchvision", "fastload", "fastload (threads, max-side 64)"):
         p = paths[name]
         assert len(p["rounds"]) == 2 and p["images_per_s"] > 0 and p["round_order"] == [0, 1]
         assert len(p["round_ratios"]) == 2
     assert paths["torchvision"]["round_ratios"] == [1.0, 1.0] and paths["torchvision"]["ratio"] == 1.0
     # the ceiling is measured per store: the reduced store has its own
-    full, reduced = paths["fastload"], paths["fastload (max-side 64)"]
+    full, reduced = paths["fastload"], paths["fastload (threads, max-side 64)"]
     assert full["ceiling_per_core"] == result["ceiling_per_core"]
     assert reduced["ceiling_per_core"] != full["ceiling_per_core"]
     assert reduced["fraction_of_ceiling"] == pytest.approx(reduced["images_per_s"] / reduced["ceiling_per_core"])

@@ -58,5 +58,5 @@ def test_bench_loader_reduced_store_can_be_raw(tiny_tree, tmp_path, monkeypatch)
                                   "--image-size", "32", "--batches", "1", "--rounds", "1", "--max-side", "48",
                                   "--reduced-encoding", "raw", "--path", "torchvision", "--path", "fastload-reduced"])
     assert r.exit_code == 0, r.output
-    assert "fastload (max-side 48, raw)" in r.output and "different data: the max-side 48 store" in r.output
+    assert "fastload (threads, max-side 48, raw)" in r.output and "different data: the max-side 48 store" in r.output
     assert [(o.max_side, o.encoding) for o in seen if o.max_side] == [(48, "raw")]
