@@ -125,19 +125,20 @@ class LoaderBench:
 
     def table(self) -> str:
         o = self.options
+        w = max(26, *(len(r.name) + 2 for r in self.results))
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, median of {o.rounds} rounds "
                  f"x {o.batches} batches (path order rotated each round, previous workers shut down first)",
-                 f"{'path':<26}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"]
+                 f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"]
         for r in self.results:
             if r.images_per_s is None:
-                lines.append(f"{r.name:<26}{'skipped':>10}  {r.skipped}")
+                lines.append(f"{r.name:<{w}}{'skipped':>10}  {r.skipped}")
                 continue
             ratio = f"{r.images_per_s / self.baseline:.2f}x" if self.baseline else "-"
             spread = ("-" if not r.round_ratios else
                       f"{min(r.round_ratios):.2f}-{max(r.round_ratios):.2f}x" if len(r.round_ratios) > 1 else
                       f"{r.round_ratios[0]:.2f}x")
             frac = self._of_ceiling(r)
-            lines.append(f"{r.name:<26}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
+            lines.append(f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
                          + (f"{frac:>11.0%}" + ("†" if r.name.startswith("fastload (threads, max-side") else "")
                             if frac is not None else f"{'-':>12}"))
         if self.ceiling_per_core:
