@@ -92,6 +92,8 @@ CANONICAL_JPEG_QUALITY = 95
 LOSSY_REENCODE = f"JPEG q{CANONICAL_JPEG_QUALITY} 4:4:4"
 #: PSNR written for a lossy write that came out pixel-exact (JSON has no infinity).
 PSNR_EXACT = 100.0
+#: libjpeg's limit on either side: larger non-JPEG sources stay lossless PNG.
+JPEG_MAX_SIDE = 65500
 #: ``--encoding auto`` stores raw pixels for images up to this many pixels (256 x 256), encoded above.
 AUTO_RAW_MAX_PIXELS = 256 * 256
 ENCODING_CHOICES = ("jpeg", "raw", "auto")
@@ -113,8 +115,15 @@ class Prepared:
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """Peak signal-to-noise ratio of ``b`` against ``a`` (uint8 pixels), in dB; ``PSNR_EXACT`` if equal."""
-    mse = float(np.mean((a.astype(np.float32) - b.astype(np.float32)) ** 2))
+    """Peak signal-to-noise ratio of ``b`` against ``a`` (uint8 pixels), in dB; ``PSNR_EXACT`` if equal.
+
+    Summed in strips of rows in integers: a 100 MP image costs a few MB here, not gigabytes.
+    """
+    total, rows = 0, max(1, (1 << 20) // max(1, a[0].size))
+    for y in range(0, a.shape[0], rows):
+        d = a[y:y + rows].astype(np.int32) - b[y:y + rows]
+        total += int(np.dot(d.ravel().astype(np.int64), d.ravel()))
+    mse = total / a.size
     return PSNR_EXACT if mse == 0 else min(PSNR_EXACT, round(10.0 * float(np.log10(255.0 ** 2 / mse)), 2))
 
 
@@ -322,7 +331,7 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
             out_img = rgb_img.resize(out_size, Image.LANCZOS, reducing_gap=3.0) if resize else rgb_img
             why = "raw pixels" + (f", downscaled to longer side {max_side}" if resize else "")
             return Prepared(encode_raw(np.asarray(out_img)), "raw", "reencoded", why, *out_size)
-    reencode = resize or (quality is not None and max_side is None)
+    reencode = resize or (quality is not None and max_side is None and max(w, h) <= JPEG_MAX_SIDE)
     if obstacle is None and not reencode and (kind == "jpeg" or lossless):
         return Prepared(data, kind, "original", None, w, h)  # type: ignore[arg-type]
     if reencode:
@@ -340,12 +349,14 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
         out = _encode(rgb_img, "jpeg", CANONICAL_JPEG_QUALITY, subsampling=0)
         fidelity = _accept(out, "jpeg", rgb, rgb_img.size)
         return Prepared(out, "jpeg", "canonicalised", obstacle, w, h, psnr=fidelity)
-    if not lossless:
+    if not lossless and max(w, h) <= JPEG_MAX_SIDE:
         what = (img.format or kind or "non-JPEG").upper()
         out = _encode(rgb_img, "jpeg", CANONICAL_JPEG_QUALITY, subsampling=0)
         fidelity = _accept(out, "jpeg", rgb, rgb_img.size)
         return Prepared(out, "jpeg", "reencoded", f"{what} source stored as {LOSSY_REENCODE} "
                         "(lossy; --lossless keeps it exact)", w, h, psnr=fidelity)
+    if obstacle is None:  # lossy by default, but over JPEG's size limit: the original stays
+        return Prepared(data, kind, "original", None, w, h)  # type: ignore[arg-type]
     out = _encode(rgb_img, "png")
     _accept(out, "png", rgb, rgb_img.size)
     return Prepared(out, "png", "canonicalised", obstacle, w, h)

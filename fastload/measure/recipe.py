@@ -264,7 +264,8 @@ def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
     if data.store:
         store = Path(data.store).expanduser()
     else:
-        tag = hashlib.sha256(f"{folder}|{data.max_side}".encode()).hexdigest()[:10]
+        # "jpeg95": non-JPEG sources stored as JPEG q95 (fastload 0.2); stores cached before it get a new name
+        tag = hashlib.sha256(f"{folder}|{data.max_side}|jpeg95".encode()).hexdigest()[:10]
         store = cache_dir() / "stores" / f"{folder.name}-{tag}.lmdb"
     if folder.is_dir():
         convert(folder, store, ConvertOptions(max_side=data.max_side, progress=progress))

@@ -178,6 +178,10 @@ def _source_order(src: Source, options: ConvertOptions) -> list[int]:
     return order[options.shard_index::options.num_shards].tolist()
 
 
+#: Options that stores written before they existed were converted with (fastload 0.1 kept PNGs lossless).
+_OPTIONS_BEFORE = {"lossless": True}
+
+
 def _differences(have: dict, want: dict, *, contents: bool) -> str:
     """What differs between a stored build record and this run's; "" when nothing does."""
     lines = []
@@ -187,9 +191,10 @@ def _differences(have: dict, want: dict, *, contents: bool) -> str:
                      f"vs now {w['kind']} {w['path']} ({len(w['classes'])} classes)")
     elif contents and h.get("fingerprint") != w.get("fingerprint"):
         lines.append(f"  source: files in {w['path']} were added, removed or changed since it was packed")
-    for k in sorted(set(have["options"]) | set(want["options"])):
-        if have["options"].get(k) != want["options"].get(k):
-            lines.append(f"  option {k}: {have['options'].get(k)!r} vs now {want['options'].get(k)!r}")
+    old = {**_OPTIONS_BEFORE, **have["options"]}
+    for k in sorted(set(old) | set(want["options"])):
+        if old.get(k) != want["options"].get(k):
+            lines.append(f"  option {k}: {old.get(k)!r} vs now {want['options'].get(k)!r}")
     return "\n".join(lines)
 
 
@@ -260,8 +265,8 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
             if diff:
                 raise ConvertError(f"{path} is a complete store of a different conversion:\n{diff}\n"
                                    "HINT: choose another DST, or delete it to convert again.")
-            report.stored, report.already_complete = state.meta["count"], True
-            report.skipped = state.meta["skipped"]
+            report.already_complete = True
+            _fill(report, state.meta)
             return report
         chunks = state.chunks
         if state.build is not None:
@@ -277,6 +282,14 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
         _run(writer, src, order, options, chunks, report)
         header = writer.finalize(build, chunks, classes=src.classes,
                                  source=dict(build["source"], count=len(src), fingerprint=src.fingerprint()))
+    _fill(report, header)
+    report.seconds = time.perf_counter() - t0
+    _write_report(path, report)
+    return report
+
+
+def _fill(report: ConvertReport, header: dict[str, Any]) -> None:
+    """The report's counts from a finished store's header (fastload 0.1 headers lack the last two)."""
     report.stored = header["count"]
     report.skipped = header["skipped"]
     report.canonicalised = header["canonicalised"]
@@ -284,9 +297,6 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     report.reencoded_reasons = header.get("reencoded", {})
     report.lossy = header.get("lossy", {})
     report.bytes_stored = header["bytes"]
-    report.seconds = time.perf_counter() - t0
-    _write_report(path, report)
-    return report
 
 
 def validator_options(options: ConvertOptions, src: Source) -> dict[str, Any]:

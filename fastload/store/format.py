@@ -39,7 +39,7 @@ import io
 import json
 import re
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,8 @@ class ChunkRecord:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ChunkRecord:
-        return cls(**json.loads(data))
+        known = {f.name for f in fields(cls)}  # a later version's extra fields are not ours to read
+        return cls(**{k: v for k, v in json.loads(data).items() if k in known})
 
 
 def chunk_key(n: int) -> bytes:

@@ -182,6 +182,7 @@ class StoreWriter:
                         txn.put(k, v)
                     for k in deletes:
                         txn.delete(k)
+                self._pad_to_last_page()
                 return
             except lmdb.MapFullError:
                 self.env.set_mapsize(self.env.info()["map_size"] * 2)
@@ -190,6 +191,21 @@ class StoreWriter:
                     f"{self.path}: writing failed after {committed} committed samples: {exc}. Everything "
                     f"committed is kept.\n{io_hint(exc, self.path)}"
                 ) from exc
+
+    def _pad_to_last_page(self) -> None:
+        """Make ``data.mdb`` as long as its meta page says, so readers' truncation check passes.
+
+        LMDB does not write pages freed within the transaction that allocated them ("loose"
+        pages, ``mdb_page_flush`` skips them), so a committed file can end a page or more
+        short of ``(last_pgno + 1) * psize``. Those pages are free and never read, but a
+        reader cannot tell them from a copy cut short (``reader.check_data_file``, which
+        prevents SIGBUS), so the writer fills them with zeros. Seen after a SIGKILL and
+        resume: a complete store one page short.
+        """
+        need = (self.env.info()["last_pgno"] + 1) * self.env.stat()["psize"]
+        data = self.path / "data.mdb"
+        if data.stat().st_size < need:
+            os.truncate(data, need)
 
     def resume_state(self) -> ResumeState:
         """What earlier runs committed here."""

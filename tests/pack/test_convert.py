@@ -22,7 +22,7 @@ from fastload.store import format as fmt
 from fastload.pack.convert import ConvertOptions, convert
 from fastload.image.policy import decode_rgb
 from fastload.store.reader import load_store_metas
-from helpers import bad_files, copy_tree, photo, plain_images, special_images
+from helpers import bad_files, copy_tree, photo, plain_images, png_bytes, special_images
 
 QUIET = dict(progress=False, workers=2)
 
@@ -422,3 +422,29 @@ def test_decoders_agree_on_every_stored_sample(tmp_path, tiny_store):
         np.testing.assert_array_equal(tv.permute(1, 2, 0).numpy(), pil)
         if data[:2] == b"\xff\xd8":
             np.testing.assert_array_equal(simplejpeg.decode_jpeg(data), pil)
+
+
+@pytest.mark.parametrize("mode", ["RGB", "P"])
+def test_non_jpeg_sources_wider_than_jpeg_allows_stay_lossless(tmp_path, mode):
+    """JPEG cannot hold more than 65500 px a side: such a PNG is kept (as-is, or as lossless PNG), never lost."""
+    img = Image.fromarray(np.random.default_rng(1).integers(0, 255, (2, 65600, 3), dtype=np.uint8))
+    data = png_bytes(img.convert(mode) if mode == "P" else img)
+    src = write_tree(tmp_path / "src", {"wide.png": data})
+    for opts in (ConvertOptions(**QUIET), ConvertOptions(quality=80, **QUIET)):
+        dst = tmp_path / f"out{opts.quality}"
+        report = convert(src, dst, opts)
+        assert report.stored == 1 and not report.skipped, report.skipped
+        ds = LMDBImageDataset(dst)
+        assert ds.get_bytes(0)[:4] == b"\x89PNG"
+        np.testing.assert_array_equal(np.asarray(ds[0][0]), decode_rgb(data))
+
+
+def test_psnr_matches_the_float_formula_and_is_exact_for_equal_images():
+    from fastload.image.policy import PSNR_EXACT, psnr
+
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (333, 517, 3), dtype=np.uint8)
+    b = np.clip(a.astype(int) + rng.integers(-9, 10, a.shape), 0, 255).astype(np.uint8)
+    want = 10 * np.log10(255**2 / np.mean((a.astype(np.float64) - b) ** 2))
+    assert psnr(a, b) == pytest.approx(want, abs=0.01)
+    assert psnr(a, a) == PSNR_EXACT
