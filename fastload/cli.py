@@ -112,12 +112,20 @@ def convert(src: Path, dst: Path, max_side, quality, encoding, lossless, train_s
     if len(report.skipped) > 20:
         click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
     _print_reasons(report.canonicalised, report.reencoded_reasons, report.lossy, indent="  ")
-    if max_side is None and report.stored and not (num_shards > 1):
-        from fastload.measure.advice import max_side_advice
+    if max_side is None and report.stored and not report.already_complete and num_shards == 1:
+        advice = _advice(report.dst, train_size)
+        if isinstance(advice, str) or advice.speedup is not None:  # measured only for images far larger
+            click.echo(advice if isinstance(advice, str) else advice.message(str(src)))
 
-        advice = max_side_advice(report.dst, size=train_size)
-        if advice.speedup is not None:  # measured only when the images are far larger than training needs
-            click.echo(advice.message(str(src)))
+
+def _advice(store: Path, train_size: int):
+    """The --max-side advice, or one line saying why it is missing: the store is written either way."""
+    from fastload.measure.advice import max_side_advice
+
+    try:
+        return max_side_advice(store, size=train_size)
+    except Exception as exc:  # noqa: BLE001 - advice is extra; a failure must not fail the command
+        return f"--max-side advice not measured: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: str) -> None:
@@ -183,10 +191,8 @@ def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
     info = inspect_store(store)
     advice = None
     if advise and info["complete"] and info["count"]:
-        from fastload.measure.advice import max_side_advice
-
-        advice = max_side_advice(store, size=train_size)
-        info["max_side_advice"] = advice.to_json()
+        advice = _advice(store, train_size)
+        info["max_side_advice"] = advice if isinstance(advice, str) else advice.to_json()
     if as_json:
         click.echo(json.dumps(info, indent=1))
         return
@@ -207,7 +213,7 @@ def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
     for name, n in info["classes"].items():
         click.echo(f"    {n:8d}  {name}")
     if advice is not None:
-        click.echo(f"  size      {advice.message(info['source']['path'])}")
+        click.echo(f"  size      {advice if isinstance(advice, str) else advice.message(info['source']['path'])}")
 
 
 @main.command("dataset")

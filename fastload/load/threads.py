@@ -109,10 +109,16 @@ def check_thread_backend(loader) -> None:
             "processes.\nHINT: do the set-up before creating the DataLoader, or use backend='processes'.")
 
 
+def _own_getitem(ds) -> bool:
+    """An ``LMDBImageDataset`` whose ``dataset[i]`` is fastload's (a subclass's override must run as it
+    does under worker processes, so such a dataset goes through ``dataset[i]``)."""
+    return isinstance(ds, LMDBImageDataset) and type(ds).__getitem__ is LMDBImageDataset.__getitem__
+
+
 def _fast_path(loader) -> bool:
     ds = loader.dataset
     transform = getattr(ds, "transform", None)
-    return (isinstance(ds, LMDBImageDataset) and callable(getattr(transform, "from_bytes", None))
+    return (_own_getitem(ds) and callable(getattr(transform, "from_bytes", None))
             and isinstance(getattr(transform, "size", None), int) and ds.target_transform is None
             and loader._auto_collation and loader.collate_fn in (default_collate, collate_uint8))
 
@@ -242,7 +248,7 @@ class _Job:
         # the generic path seeds too when the dataset can take a generator (what the processes
         # backend does with torch's RNG, which threads share and so cannot seed per sample)
         self.seeded = (sample_seed is not None and from_bytes is not None and _takes_generator(from_bytes)
-                       and isinstance(self.dataset, LMDBImageDataset))
+                       and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
 

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 __all__ = ["MaxSideAdvice", "max_side_advice", "recommended_max_side", "FAR_LARGER"]
 
@@ -84,6 +83,8 @@ class MaxSideAdvice:
 
 
 def _per_image_ms(transform, blobs: list[bytes], seed: int) -> float:
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     t0 = time.perf_counter()
     for b in blobs:
@@ -104,15 +105,17 @@ def max_side_advice(store: str | os.PathLike[str], *, size: int = 224, sample: i
     """
     from fastload.image.fast import image_size
     from fastload.image.policy import prepare
-    from fastload.load.dataset import LMDBImageDataset
-    from fastload.load.transforms import train_transform
-    from fastload.store.reader import load_store_metas
+    from fastload.store.reader import StoreReader
 
     if size < 8 or sample < 1 or rounds < 1:
         raise ValueError("size >= 8, sample >= 1 and rounds >= 1 are required")
-    ds = LMDBImageDataset(store)
-    pick = np.random.default_rng(seed).choice(len(ds), size=min(sample, len(ds)), replace=False)
-    blobs = [ds.get_bytes(int(i)) for i in sorted(pick)]
+    reader = StoreReader(store)  # no torch until something is timed: inspect stays quick on small images
+    try:
+        pick = np.random.default_rng(seed).choice(len(reader), size=min(sample, len(reader)), replace=False)
+        blobs = [reader.get(int(i)) for i in sorted(pick)]
+        options = reader.metas[0].header["options"]
+    finally:
+        reader.close()
     long_sides = [max(image_size(b)) for b in blobs]
     median_long = int(statistics.median(long_sides)) if long_sides else 0
     max_side = recommended_max_side(size)
@@ -120,8 +123,13 @@ def max_side_advice(store: str | os.PathLike[str], *, size: int = 224, sample: i
                            max_side=max_side)
     if not blobs or median_long < FAR_LARGER * max_side:
         return advice
-    encoding = load_store_metas(Path(store))[0].header["options"].get("encoding", "jpeg")
-    reduced = [prepare(b, max_side=max_side, encoding=encoding).data for b in blobs]
+    import torch
+
+    from fastload.load.transforms import train_transform
+
+    # the same call convert would make with --max-side, under the store's own options
+    reduced = [prepare(b, max_side=max_side, encoding=options.get("encoding", "jpeg"),
+                       max_pixels=options["max_pixels"]).data for b in blobs]
     transform = train_transform(size)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

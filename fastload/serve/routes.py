@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from fastload.errors import CorruptSampleError, DeadlineExceeded, DeviceFailure, Overloaded
+from fastload.serve._futures import await_future
 from fastload.serve.metrics import Metric, render_prometheus, serving_metrics
 
 __all__ = ["FrontOptions", "Reply", "Routes", "framing", "FRONTS", "MAX_BODY_BYTES", "METRICS_TYPE"]
@@ -194,7 +195,7 @@ class Routes:
         try:
             future = self.target.submit(body, timeout=timeout)
         except Exception as exc:
-            return self.failure(exc)
+            return self.failure(exc, submitting=True)
         try:
             out = future.result(timeout=timeout)
         except Exception as exc:
@@ -206,22 +207,27 @@ class Routes:
 
     async def predict_async(self, body: bytes) -> Reply:
         """Submit ``body`` and await the answer (``submit_async``) up to the request deadline."""
+        timeout = self.options.request_timeout_s
+        try:  # submit_async's two halves, so that a refusal to take the request is told from a failure
+            future = self.target.submit(body, timeout=timeout)
+        except Exception as exc:
+            return self.failure(exc, submitting=True)
         try:
-            out = await self.target.submit_async(body, timeout=self.options.request_timeout_s)
+            out = await await_future(future, timeout)
         except Exception as exc:
             return self.failure(exc)
         return Reply(HTTPStatus.OK, {"top_k": self.top_k(out)})
 
     @staticmethod
-    def failure(exc: BaseException) -> Reply:
-        """The answer for a request that got no output."""
+    def failure(exc: BaseException, *, submitting: bool = False) -> Reply:
+        """The answer for a request that got no output (``submitting``: ``submit`` itself refused it)."""
         if isinstance(exc, (Overloaded, DeviceFailure)):
             return _busy(str(exc))
         if isinstance(exc, DeadlineExceeded):
             return Reply(HTTPStatus.GATEWAY_TIMEOUT, {"error": str(exc)})
         if isinstance(exc, CorruptSampleError):
             return Reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
-        if isinstance(exc, RuntimeError):  # not started, or stopping (a model's own errors arrive as DeviceFailure)
+        if submitting and isinstance(exc, RuntimeError):  # not started, or stopping: come back later
             return _busy(str(exc), 5)
         return Reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"{type(exc).__name__}: {exc}"})
 

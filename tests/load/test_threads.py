@@ -111,6 +111,22 @@ def test_same_batches_and_crops_as_worker_processes(tiny_store, shuffle, target_
     assert all(torch.equal(a, b) for a, b in zip(threads, processes))
 
 
+class _Tagged(LMDBImageDataset):
+    """A subclass that changes what ``dataset[i]`` returns: threads must call it, as worker processes do."""
+
+    def __getitem__(self, index):
+        image, label = super().__getitem__(index)
+        return image, label + 100
+
+
+def test_a_subclass_getitem_runs_in_threads_as_in_processes(tiny_store):
+    ds = _Tagged(tiny_store, transform=train_transform(32))
+    it = iter(DataLoader(ds, batch_size=4, num_workers=2, backend="threads"))
+    assert not it.fast
+    labels = torch.cat([y for _, y in it])
+    assert labels.min() >= 100 and len(labels) == N
+
+
 @pytest.mark.parametrize("other", [0, 3])
 def test_same_seed_same_batches_whatever_the_thread_count(tiny_store, other):
     def run(threads):

@@ -161,11 +161,13 @@ def test_past_the_request_deadline_is_504_and_the_request_leaves_the_queue(front
         model.gate.clear()  # the model holds the first request; the second waits in the queue past its deadline
         held = threading.Thread(target=call, args=(srv, "POST", "/predict", jpeg_bytes(photo(40, 40))))
         held.start()
-        for _ in range(200):  # the first request is in the model before the second is sent
+        for _ in range(1000):  # the first request is in the model before the second is sent
             s = batcher.stats()
             if s["in_flight"] == 1 and s["waiting"] == 0:
                 break
             threading.Event().wait(0.01)
+        else:
+            raise AssertionError(f"the first request never reached the model: {batcher.stats()}")
         status, out, _ = call(srv, "POST", "/predict", jpeg_bytes(photo(40, 40)))
         waiting = batcher.stats()["waiting"]
         model.gate.set()
