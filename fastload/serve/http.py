@@ -24,11 +24,10 @@ socket-side defences a front needs:
 
 Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
 measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README's "Which
-front, measured"), uvicorn serves the same throughput with latency and CPU within noise at
-224 px, and 6-9% less CPU per request only when images are tiny; but uvicorn has no
-deadline for receiving a request's headers (its keep-alive timer runs only between
-requests and any byte cancels it; https://github.com/xorbitsai/inference/pull/5213 wraps
-its protocol to add one), so
+front, measured"), uvicorn serves the same throughput, with 1-2% less CPU and a 2-10% lower
+p50 per request at 224 px, 5-10% less CPU when images are tiny, and a 2.6x worse p99 at
+the highest load measured; and uvicorn has no deadline for receiving a request's headers
+(its keep-alive timer runs only between requests and any byte cancels it), so
 silent or dribbling clients would hold connections forever, which this front cuts. This
 one also needs no dependency; a thread blocked on its request's future is the natural
 shape for a batcher, and ``max_connections`` bounds the threads.
