@@ -30,11 +30,22 @@ epoch's order as ``DistributedSampler`` does, so all ranks run the same number o
 DALI is imported inside functions: ``import fastload`` works without it; constructing a
 loader without it raises ``MissingDependencyError`` with the pip command.
 
+Forked children: a DALI pipeline that is garbage in the parent (in a reference cycle not yet
+collected) must never be destroyed in a child forked from it: its ``__del__`` waits for
+threads that exist only in the parent, and a child whose collector reaches it (torch's
+DataLoader workers, fork-started, collect garbage like any process) hangs for good; seen
+as a whole test run stuck in a 2-worker DataLoader after the DALI tests. So importing this
+module makes every forked child ``gc.freeze()`` what it inherited: the child then never
+collects the parent's objects (they stay shared, copy-on-write, which also saves memory);
+its own objects are collected as usual. ``tests/load/test_dali.py`` forks a child that
+collects such a pipeline.
+
 Must not: be imported by ``fastload/__init__`` eagerly.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -54,6 +65,8 @@ from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
 __all__ = ["DALILoader", "DALIOptions", "dali_available"]
 
 log = logging.getLogger("fastload")
+
+os.register_at_fork(after_in_child=gc.freeze)  # see "Forked children" above
 
 # The DALI ResNet-50 example's pre-allocation hints for nvJPEG: they avoid reallocations
 # (and the stalls they cause) during the first epochs on ImageNet-sized images.

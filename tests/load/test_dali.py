@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import lmdb
@@ -223,3 +224,45 @@ def test_script_without_main_guard_gets_the_fix_named(tiny_store, tmp_path):
                           timeout=300, cwd=tmp_path)
     assert proc.returncode != 0
     assert 'if __name__ == "__main__":' in proc.stderr and "WorkerStartError" in proc.stderr
+
+
+_FORK_COLLECT = textwrap.dedent("""
+    import gc, os, sys, time
+    import fastload.load.dali  # noqa: F401  (registers the after-fork freeze)
+    from nvidia.dali import fn, pipeline_def
+
+    @pipeline_def(batch_size=1, num_threads=2, device_id=None)
+    def pipe():
+        return fn.random.uniform(range=[0, 1], shape=[1])
+
+    gc.disable()
+    p = pipe()
+    p.build()
+    p.run()
+    cycle = [p]
+    cycle.append(cycle)
+    del p, cycle  # garbage, not yet collected, when the child is forked
+    pid = os.fork()
+    if pid == 0:
+        gc.enable()
+        gc.collect()  # what a DataLoader worker's collector does sooner or later
+        os._exit(0)
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            print("finished", status)
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("hung")
+""")
+
+
+@pytest.mark.dali
+def test_a_forked_child_never_destroys_a_pipeline_it_inherited():
+    """Destroying a DALI pipeline in a forked child waits forever for the parent's threads."""
+    out = subprocess.run([sys.executable, "-c", _FORK_COLLECT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["finished", "0"]
