@@ -423,8 +423,8 @@ def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 @click.option("--request-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
               help="Seconds before a request gets 504 and leaves the queue.")
 @click.option("--header-timeout", type=click.FloatRange(min=0.001), default=10.0, show_default=True,
-              help="Seconds for a request line and headers to arrive (stdlib front only: uvicorn has no such "
-                   "deadline).")
+              help="Seconds for a request line and headers to arrive, in total (on asgi: added to uvicorn's "
+                   "protocol, needs httptools).")
 @click.option("--body-timeout", type=click.FloatRange(min=0.001), default=30.0, show_default=True,
               help="Seconds for a body to arrive.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.001), default=15.0, show_default=True,
@@ -436,7 +436,7 @@ def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
               help="On SIGTERM, seconds to finish accepted requests.")
 @click.option("--front", type=click.Choice(["stdlib", "asgi"]), default="stdlib", show_default=True,
               help="HTTP front: the standard library's (a thread per connection, every timeout above) or uvicorn + "
-                   "starlette ('fastload[serve]' extra: an event loop; no --header-timeout, see the README).")
+                   "starlette ('fastload[serve]' extra: an event loop, no thread per connection; see the README).")
 @_friendly
 def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
           devices, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,

@@ -25,13 +25,19 @@ What applies as in ``http.py``, and where:
 - queue cap (503), request deadline (504, the request leaves the queue: cancelling the
   awaiting task cancels it), pixel budget and bad images (400): the batcher and ``routes.py``.
 
-What uvicorn does not allow (``tests/serve/test_front_probes.py`` shows each):
-- no deadline for the request line and headers: uvicorn arms its keep-alive timer only
-  between requests and cancels it on any byte received, so a client that dribbles headers,
-  or connects and sends nothing, holds its connection (and a place under the connection
-  cap) for as long as it likes. Adding one means wrapping uvicorn's protocol class (as
-  https://github.com/xorbitsai/inference/pull/5213 does) or a proxy's header timeout in front;
-- uvicorn's own 400s (unparseable requests) are not counted in ``/metrics``.
+- the header deadline (``header_timeout_s`` for the request line and headers, in total,
+  from the connection's opening or the next request's first byte): uvicorn has none (it
+  arms its keep-alive timer only between requests and cancels it on any byte), so with
+  httptools (the ``serve`` extra) its protocol class is wrapped (``_header_deadline``):
+  a timer armed when a connection opens and when a request's first byte arrives, disarmed
+  when its headers are complete, closes the connection when it fires. The same approach
+  as https://github.com/xorbitsai/inference/pull/5213, written here against uvicorn's
+  ``HttpToolsProtocol`` callbacks (``connection_made``, ``on_message_begin``,
+  ``on_headers_complete``, ``connection_lost``). Without httptools (h11) there is no header
+  deadline, and ``make_server`` logs it.
+
+What uvicorn does not allow: its own 400s (unparseable requests) are not counted in
+``/metrics``.
 
 Must not: decide what a route answers (``routes.py``), preprocess or batch.
 """
@@ -196,6 +202,45 @@ class _App:
         return self._reply(reply, request.scope)
 
 
+def _header_deadline(base: type, seconds: float) -> type:
+    """``base`` (uvicorn's ``HttpToolsProtocol``) with a deadline for each request's line and headers."""
+
+    class HeaderDeadline(base):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _expire(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()  # no request was started: nothing to answer
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()  # a connection that sends nothing is cut too
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()  # the next request on a kept-alive connection
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
+
+
 def _listen(host: str, port: int, backlog: int) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, kind, proto)
@@ -226,7 +271,15 @@ class AsgiServer:
         self._spare = self.socket.dup()
         self.app = _App(self)
         self.http_impl = "httptools" if importlib.util.find_spec("httptools") else "h11"
-        self.config = uvicorn.Config(self.app, http=self.http_impl, lifespan="off", log_config=None,
+        if self.http_impl == "httptools":
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+            http: Any = _header_deadline(HttpToolsProtocol, options.header_timeout_s)
+        else:
+            http = "h11"
+            log.warning("httptools is not installed: the asgi front has no header deadline "
+                        "(pip install 'fastload[serve]')")
+        self.config = uvicorn.Config(self.app, http=http, lifespan="off", log_config=None,
                                      log_level="warning", access_log=False, proxy_headers=False, server_header=False,
                                      timeout_keep_alive=options.idle_timeout_s, backlog=self.backlog,
                                      timeout_graceful_shutdown=max(1.0, options.linger_s))

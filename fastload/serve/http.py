@@ -27,9 +27,8 @@ measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README
 front, measured"), uvicorn serves the same throughput, with 1-2% less CPU and a 2-10% lower
 p50 per request at 224 px, 5-10% less CPU when images are tiny, and a 2.6x worse p99 at
 the highest load measured; and uvicorn has no deadline for receiving a request's headers
-(its keep-alive timer runs only between requests and any byte cancels it), so
-silent or dribbling clients would hold connections forever, which this front cuts. This
-one also needs no dependency; a thread blocked on its request's future is the natural
+(``asgi.py`` adds one by wrapping uvicorn's protocol class, which ties it to uvicorn's
+internals). This one needs no dependency; a thread blocked on its request's future is the natural
 shape for a batcher, and ``max_connections`` bounds the threads.
 
 Must not: do its own preprocessing or batching.
