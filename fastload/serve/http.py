@@ -24,8 +24,8 @@ socket-side defences a front needs:
 
 Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
 measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README's "Which
-front, measured"), uvicorn serves the same throughput, with 1-2% less CPU and a 2-10% lower
-p50 per request at 224 px, 5-10% less CPU when images are tiny, and a 2.6x worse p99 at
+front, measured"), uvicorn serves the same throughput, with a 3-14% lower p50, up to 8%
+less CPU per request when images are tiny, and about twice the p99 at
 the highest load measured; and uvicorn has no deadline for receiving a request's headers
 (``asgi.py`` adds one by wrapping uvicorn's protocol class, which ties it to uvicorn's
 internals). This one needs no dependency; a thread blocked on its request's future is the natural

@@ -1,0 +1,97 @@
+"""Is `bench loader`'s ceiling reachable? One core's decode+crop loop, alone and two at once.
+
+    python tools/bench_ceiling.py [STORE] [--rounds 2] [--seconds 4] [--size 224]
+
+`fastload bench loader` reports each path as a share of a ceiling: one core's tight
+``train_transform(size).from_bytes`` loop (``single_core_ceiling``) times the workers. That
+is only a fair ceiling if the cores do not slow each other down (shared caches, memory
+bandwidth, turbo clocks). This runs the same loop in one process alone, then in two
+processes at once, then in two threads of one process (the thread pipeline's situation:
+the decoders release the GIL), in rounds, and prints each as a share of twice the lone
+figure. STORE defaults to a temporary store of the generated default dataset.
+
+Must not: be imported by the package (a tool, run by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+def _alone(store: str, size: int, seconds: float, out) -> None:
+    from fastload.measure.bench_loader import single_core_ceiling
+
+    out.put(single_core_ceiling(Path(store), size, seconds))
+
+
+def _two_threads(store: str, size: int, seconds: float) -> float:
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import train_transform
+
+    torch.set_num_threads(1)
+    ds = LMDBImageDataset(store)
+    tf = train_transform(size)
+    blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
+    for b in blobs[:16]:
+        tf.from_bytes(b)
+    counts = [0, 0]
+
+    def work(k: int) -> None:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            for b in blobs[k::2]:
+                tf.from_bytes(b)
+            counts[k] += len(blobs[k::2])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("store", nargs="?")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--size", type=int, default=224)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        store = args.store
+        if store is None:
+            from fastload.datasets import ensure_default_dataset
+            from fastload.pack.convert import ConvertOptions, convert
+
+            store = str(Path(tmp) / "store.lmdb")
+            convert(ensure_default_dataset(), store, ConvertOptions(progress=False))
+        ctx = mp.get_context("spawn")
+        for r in range(args.rounds):
+            q = ctx.Queue()
+            p = ctx.Process(target=_alone, args=(store, args.size, args.seconds, q))
+            p.start()
+            one = q.get()
+            p.join()
+            ps = [ctx.Process(target=_alone, args=(store, args.size, args.seconds, q)) for _ in range(2)]
+            for p in ps:
+                p.start()
+            two = [q.get(), q.get()]
+            for p in ps:
+                p.join()
+            th = _two_threads(store, args.size, args.seconds)
+            print(f"round {r + 1}: one process alone {one:.0f} images/s; two processes at once "
+                  f"{two[0]:.0f} + {two[1]:.0f} = {sum(two):.0f} ({sum(two) / (2 * one):.0%} of 2x alone); "
+                  f"two threads of one process {th:.0f} ({th / (2 * one):.0%})")
+
+
+if __name__ == "__main__":
+    main()
