@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -82,16 +81,6 @@ class MaxSideAdvice:
         return asdict(self) | {"worthwhile": self.worthwhile}
 
 
-def _per_image_ms(transform, blobs: list[bytes], seed: int) -> float:
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    t0 = time.perf_counter()
-    for b in blobs:
-        transform.from_bytes(b, g)
-    return (time.perf_counter() - t0) * 1e3 / len(blobs)
-
-
 def max_side_advice(store: str | os.PathLike[str], *, size: int = 224, sample: int = 8, rounds: int = 3,
                     seed: int = 0) -> MaxSideAdvice:
     """Sample ``store`` and, when its images are far larger than training at ``size`` needs,
@@ -123,26 +112,21 @@ def max_side_advice(store: str | os.PathLike[str], *, size: int = 224, sample: i
                            max_side=max_side)
     if not blobs or median_long < FAR_LARGER * max_side:
         return advice
-    import torch
-
     from fastload.load.transforms import train_transform
+    from fastload.measure.timing import one_torch_thread, preset_ms_per_image
 
     # the same call convert would make with --max-side, under the store's own options
     reduced = [prepare(b, max_side=max_side, encoding=options.get("encoding", "jpeg"),
                        max_pixels=options["max_pixels"]).data for b in blobs]
     transform = train_transform(size)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        _per_image_ms(transform, blobs[:1], seed)  # first-call costs (imports, allocators) off the clock
-        _per_image_ms(transform, reduced[:1], seed)
-        stored_ms, reduced_ms = [], []
+    stored_ms, reduced_ms = [], []
+    with one_torch_thread():
+        preset_ms_per_image(transform, blobs[:1], seed)  # first-call costs (imports, allocators) off the clock
+        preset_ms_per_image(transform, reduced[:1], seed)
         for r in range(rounds):
             pair = [(blobs, stored_ms), (reduced, reduced_ms)]
             for data, out in (pair if r % 2 == 0 else pair[::-1]):
-                out.append(_per_image_ms(transform, data, seed + r))
-    finally:
-        torch.set_num_threads(threads)
+                out.append(preset_ms_per_image(transform, data, seed + r))
     ms_stored, ms_reduced = statistics.median(stored_ms), statistics.median(reduced_ms)
     return MaxSideAdvice(**{**asdict(advice), "speedup": round(ms_stored / ms_reduced, 2),
                             "ms_stored": round(ms_stored, 3), "ms_reduced": round(ms_reduced, 3),

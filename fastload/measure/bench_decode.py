@@ -178,6 +178,7 @@ def bench_decode(folder: str | Path, options: DecodeBenchOptions = DecodeBenchOp
     from fastload.load.transforms import rrc_params
     from fastload.measure.env import environment
     from fastload.measure.rounds import rotated
+    from fastload.measure.timing import one_torch_thread
 
     files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
     if not files:
@@ -186,9 +187,7 @@ def bench_decode(folder: str | Path, options: DecodeBenchOptions = DecodeBenchOp
     torch.manual_seed(options.seed)
     sizes = [image_size(b) for b in blobs]
     boxes = [rrc_params(h, w) for h, w in sizes]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         methods = _methods(blobs, boxes, options.size)
         results = {name: MethodResult(name, skipped=m if isinstance(m, str) else None) for name, m in methods.items()}
         runnable = [name for name, m in methods.items() if not isinstance(m, str)]
@@ -205,7 +204,5 @@ def bench_decode(folder: str | Path, options: DecodeBenchOptions = DecodeBenchOp
         for res in results.values():
             if res.rounds:
                 res.ms_per_image = statistics.median(res.rounds)
-    finally:
-        torch.set_num_threads(threads)
     mp = sum(h * w for h, w in sizes) / len(sizes) / 1e6
     return DecodeBench(options, len(blobs), mp, results, environment())

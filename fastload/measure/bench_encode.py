@@ -106,7 +106,6 @@ def bench_encode(folder: str | Path, options: EncodeBenchOptions = EncodeBenchOp
         SourceError: no readable image under ``folder``.
     """
     import numpy as np
-    import torch
 
     from fastload.errors import SourceError
     from fastload.image.formats import BadImage, sniff
@@ -114,6 +113,7 @@ def bench_encode(folder: str | Path, options: EncodeBenchOptions = EncodeBenchOp
     from fastload.load.transforms import train_transform
     from fastload.measure.env import environment
     from fastload.measure.rounds import rotated
+    from fastload.measure.timing import one_torch_thread, preset_ms_per_image
     from fastload.pack.sources import IMG_EXTENSIONS
 
     files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in IMG_EXTENSIONS and p.is_file())
@@ -124,7 +124,8 @@ def bench_encode(folder: str | Path, options: EncodeBenchOptions = EncodeBenchOp
             refs.append(decode_reference(data))
         except BadImage:
             continue  # a damaged file is convert's business, not this measurement's
-        formats[sniff(data) or p.suffix.lower()] = formats.get(sniff(data) or p.suffix.lower(), 0) + 1
+        kind = sniff(data) or p.suffix.lower()
+        formats[kind] = formats.get(kind, 0) + 1
         if len(refs) == options.images:
             break
     if not refs:
@@ -140,20 +141,12 @@ def bench_encode(folder: str | Path, options: EncodeBenchOptions = EncodeBenchOp
                                   encode_ms_per_mp=seconds * 1e3 / (pixels / 1e6),
                                   psnr_min=min(scores), psnr_median=statistics.median(scores))
     transform = train_transform(options.size)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         for name in CANDIDATES:  # warm-up: first calls load libraries and allocate
-            transform.from_bytes(blobs[name][0], torch.Generator().manual_seed(0))
+            preset_ms_per_image(transform, blobs[name][:1], 0)
         for r in range(options.rounds):
-            for name in rotated(list(CANDIDATES), r):
-                g = torch.Generator().manual_seed(options.seed + r)  # the same crops for every candidate
-                t0 = time.perf_counter()
-                for b in blobs[name]:
-                    transform.from_bytes(b, g)
-                results[name].rounds.append((time.perf_counter() - t0) * 1e3 / len(refs))
-    finally:
-        torch.set_num_threads(threads)
+            for name in rotated(list(CANDIDATES), r):  # the same seed: the same crops for every candidate
+                results[name].rounds.append(preset_ms_per_image(transform, blobs[name], options.seed + r))
     for c in results.values():
         c.preset_ms = statistics.median(c.rounds)
     return EncodeBench(options, len(refs), formats, pixels / len(refs) / 1e6, results, environment())

@@ -41,11 +41,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
 
 from fastload.measure import _spdl_path as _spdl
 from fastload.measure.rounds import rotated
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
+from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "bench_loader", "single_core_ceiling", "ALL_PATHS"]
@@ -268,9 +268,7 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
     ds = LMDBImageDataset(store)
     tf = train_transform(size)
     blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         for b in blobs[:16]:
             tf.from_bytes(b)
         n, t0 = 0, time.perf_counter()
@@ -279,8 +277,6 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
                 tf.from_bytes(b)
             n += len(blobs)
         return n / (time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
 
 
 ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", "webdataset", "dali-cpu", "spdl",

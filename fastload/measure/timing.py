@@ -2,7 +2,9 @@
 
 Owns: per-step records (host time blocked on the loader, host→device copy, compute), the
 GPU idle gap measured with CUDA events, warm-up exclusion, percentiles, and the summary
-(``StageResult``). NVML sampling lives here too (``NvmlSampler``).
+(``StageResult``). NVML sampling lives here too (``NvmlSampler``), and the two helpers the
+per-image benchmarks share: ``one_torch_thread()`` (torch's intra-op pool at one thread, as
+in a loader worker) and ``preset_ms_per_image`` (a preset's ``from_bytes`` over a list).
 
 Host clocks measure the host. On CUDA the host runs ahead of the GPU, so "the host waited
 for data" does not mean "the GPU waited": the GPU idle gap is taken on the GPU's own
@@ -16,8 +18,10 @@ Must not: run the model (``train.py``) or print.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +29,34 @@ import numpy as np
 
 from fastload.stats import percentiles  # re-exported: it lives at the edge, shared with serve/
 
-__all__ = ["StepRecord", "StageResult", "StepTimer", "NvmlSampler", "percentiles", "summarize_records"]
+__all__ = ["StepRecord", "StageResult", "StepTimer", "NvmlSampler", "percentiles", "summarize_records",
+           "one_torch_thread", "preset_ms_per_image"]
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's intra-op thread count at 1 inside the block (what a DataLoader worker runs with),
+    put back afterwards, so per-image timings measure one core."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def preset_ms_per_image(transform: Any, blobs: Sequence[bytes], seed: int) -> float:
+    """Milliseconds per image of ``transform.from_bytes`` over ``blobs``, crops drawn from one
+    generator seeded with ``seed`` (the same crops for every list timed with the same seed)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    t0 = time.perf_counter()
+    for b in blobs:
+        transform.from_bytes(b, g)
+    return (time.perf_counter() - t0) * 1e3 / len(blobs)
 
 
 @dataclass
