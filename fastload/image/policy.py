@@ -51,7 +51,8 @@ encoding for non-JPEG sources"): a PNG is decoded whole, every epoch, by zlib an
 while a JPEG gets libjpeg-turbo's DCT-scaled and region decode on the CPU and nvJPEG on the
 GPU. On the reference machine JPEG q95 4:4:4 loaded 4.0x faster than lossless PNG in the
 train preset on the default data and 4.9x on 12 MP photos, at 0.36-0.37x the bytes and a
-PSNR of 40-46 dB on these noise-textured images (higher on real photos). WebP lossless
+median PSNR of 45-46 dB (40 dB at worst) on these noise-textured images; real photo
+folders were not measured. WebP lossless
 was 1.35x faster than PNG on small images and 0.89x on 12 MP ones, and 2-4x slower to
 encode. With ``lossless=True`` the old rule holds: non-interlaced 8-bit RGB or grayscale
 PNGs that pass the checks are stored as-is and every other non-JPEG source as lossless PNG
@@ -345,14 +346,13 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
         out = _encode(out_img, "jpeg", q)
         fidelity = _accept(out, "jpeg", np.asarray(out_img), out_img.size)
         return Prepared(out, "jpeg", "reencoded", why, *out_img.size, psnr=fidelity)
-    if kind == "jpeg":
+    if kind == "jpeg" or (not lossless and max(w, h) <= JPEG_MAX_SIDE):
+        # JPEG sources canonicalised; other sources as JPEG unless lossless: both as JPEG q95 4:4:4
         out = _encode(rgb_img, "jpeg", CANONICAL_JPEG_QUALITY, subsampling=0)
         fidelity = _accept(out, "jpeg", rgb, rgb_img.size)
-        return Prepared(out, "jpeg", "canonicalised", obstacle, w, h, psnr=fidelity)
-    if not lossless and max(w, h) <= JPEG_MAX_SIDE:
+        if kind == "jpeg":
+            return Prepared(out, "jpeg", "canonicalised", obstacle, w, h, psnr=fidelity)
         what = (img.format or kind or "non-JPEG").upper()
-        out = _encode(rgb_img, "jpeg", CANONICAL_JPEG_QUALITY, subsampling=0)
-        fidelity = _accept(out, "jpeg", rgb, rgb_img.size)
         return Prepared(out, "jpeg", "reencoded", f"{what} source stored as {LOSSY_REENCODE} "
                         "(lossy; --lossless keeps it exact)", w, h, psnr=fidelity)
     if obstacle is None:  # lossy by default, but over JPEG's size limit: the original stays
