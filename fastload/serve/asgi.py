@@ -141,8 +141,7 @@ class _App:
         """503 over the connection cap; the framing error, if any (the body length goes in ``scope["state"]``)."""
         if self.server.connections() > self.options.max_connections:
             self.refused += 1
-            return Reply(503, {"error": f"{self.options.max_connections} connections are open (max_connections); "
-                                        "retry later"}, {"Retry-After": "1"}, close=True)
+            return self.routes.over_cap()
         headers = scope["headers"]
         te = [v.decode("latin-1") for n, v in headers if n == b"transfer-encoding"]
         lengths = [v.decode("latin-1") for n, v in headers if n == b"content-length"]

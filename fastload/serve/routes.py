@@ -157,6 +157,11 @@ class Routes:
         return Reply(HTTPStatus.NOT_FOUND, {"error": f"no route {method} {path}; POST image bytes to /predict, "
                                                      "GET /healthz, /stats, /metrics or /trace"}, close=bool(length))
 
+    def over_cap(self) -> Reply:
+        """503 + ``Retry-After`` for a request over ``max_connections`` (the connection then closes)."""
+        return _busy(f"{self.options.max_connections} connections are open (max_connections); retry later",
+                     close=True)
+
     def before_body(self, path: str, length: int) -> Reply | None:
         """``POST path`` with a body of ``length`` bytes: the answer due before reading the body, if any."""
         if path != "/predict":
