@@ -8,7 +8,10 @@
     │   ├── IncompleteStoreError       conversion never finished (metadata record missing)
     │   ├── StoreVersionError          written by another fastload format version
     │   ├── StoreDamagedError          metadata or LMDB file damaged (checksum, truncated copy, LMDB error)
-    │   └── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
+    │   ├── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
+    │   └── ShardCacheError            the node's shard cache cannot provide a shard of a remote store
+    │       ├── ShardIntegrityError    a downloaded shard's size or sha256 is not the manifest's (never used)
+    │       └── CacheFullError         no room within cache_limit (all shards open), or the cache disk is full
     ├── ConvertError                   conversion cannot go on (source mismatch, disk full, bad file in --strict)
     │   └── StoreLockedError           another conversion is writing the same destination
     ├── SourceError                    the input tree / file list is unusable (no images, bad label, missing file)
@@ -40,6 +43,9 @@ __all__ = [
     "StoreVersionError",
     "StoreDamagedError",
     "ChecksumError",
+    "ShardCacheError",
+    "ShardIntegrityError",
+    "CacheFullError",
     "ConvertError",
     "StoreLockedError",
     "SourceError",
@@ -80,6 +86,18 @@ class StoreVersionError(StoreError):
 
 class StoreDamagedError(StoreError):
     """Part of a store is damaged: metadata fails its checksum, the LMDB file is short or corrupt."""
+
+
+class ShardCacheError(StoreError):
+    """The node-local shard cache (``store/cache.py``) cannot provide a shard of a remote store."""
+
+
+class ShardIntegrityError(ShardCacheError):
+    """A downloaded shard is not what the manifest says (size or sha256); it was deleted, never read."""
+
+
+class CacheFullError(ShardCacheError):
+    """The shard cache has no room: ``cache_limit`` is held by shards readers have open, or the disk is full."""
 
 
 class ConvertError(FastloadError):
