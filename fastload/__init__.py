@@ -47,6 +47,7 @@ _EXPORTS: dict[str, str] = {
     # load
     "LMDBImageDataset": "fastload.load.dataset",
     "DataLoader": "fastload.load.loader",
+    "ShardSampler": "fastload.load.shards",
     "DevicePrefetcher": "fastload.load.prefetch",
     "auto_num_workers": "fastload.load.workers",
     "worker_plan": "fastload.load.workers",

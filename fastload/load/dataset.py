@@ -86,6 +86,11 @@ class LMDBImageDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._reader)
 
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in store order (one entry for a single store): ``ShardSampler`` reads it."""
+        return [m.count for m in self._reader.metas]
+
     def get_bytes(self, index: int) -> bytes:
         """The encoded image bytes of sample ``index`` exactly as stored."""
         return self._reader.get(index)

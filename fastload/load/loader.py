@@ -92,7 +92,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory = torch.cuda.is_available()
         self.backend = backend  # before torch's __init__, which calls check_worker_number_rationality
         auto_sampler = False
-        if (sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset)
+        if sampler is None and batch_sampler is None and getattr(dataset, "remote", False):
+            # a store in object storage is read shard by shard (load/shards.py), with or without
+            # torch.distributed: a random order over all samples would download every shard at once
+            from fastload.load.shards import ShardSampler
+
+            seed = generator.initial_seed() if generator is not None else 0
+            sampler = ShardSampler(dataset, shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
+            shuffle, auto_sampler = None, True
+        elif (sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset)
                 and dist.is_available() and dist.is_initialized()):
             seed = generator.initial_seed() if generator is not None else 0
             sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
@@ -231,6 +239,14 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 return s
         return None
 
+    def _shard_sampler(self):
+        from fastload.load.shards import ShardSampler
+
+        for s in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if isinstance(s, ShardSampler):
+                return s
+        return None
+
     def _resume_epoch_started(self, it) -> int:
         plan, self._resume_plan = self._resume_plan, None
         seed = None
@@ -238,11 +254,16 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if self._resume_seeding:
             if plan is not None and plan["sample_seed"] is not None:
                 seed = plan["sample_seed"]
-            elif dist_sampler is not None:  # the same on every rank, whatever the world size
-                seed = _state.mix_seed(dist_sampler.seed, 0x5EED)
+            elif dist_sampler is not None or self._shard_sampler() is not None:
+                # the same on every rank, whatever the world size
+                seed = _state.mix_seed((dist_sampler or self._shard_sampler()).seed, 0x5EED)
             else:
                 seed = int(it._base_seed)
-        epoch = dist_sampler.epoch if dist_sampler is not None else self._epoch - 1  # the user may set_epoch
+        shard_sampler = self._shard_sampler()
+        if dist_sampler is not None or shard_sampler is not None:  # the user may set_epoch
+            epoch = (dist_sampler or shard_sampler).epoch
+        else:
+            epoch = self._epoch - 1
         rec = _ri.EpochRecord(epoch, plan, seed, self.generator)
         rotate = 0
         if self._resume_iterable and self.num_workers > 0:
@@ -274,6 +295,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         dist_sampler = self._resume_distributed()
         if dist_sampler is not None:
             seed = dist_sampler.seed
+        elif self._shard_sampler() is not None:
+            seed = self._shard_sampler().seed
         else:
             seed = self.generator.initial_seed() if isinstance(self.generator, torch.Generator) else None
         try:
