@@ -116,6 +116,7 @@ class Lease:
     def release(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
+            _LIVE.discard(self)
             if self._pid == os.getpid():
                 os.close(fd)  # closing the descriptor drops the flock
 
@@ -319,9 +320,9 @@ class ShardCache:
             t0 = time.perf_counter()
             try:
                 self.fetch(spec.url, data)
-            except OSError as exc:
+            except Exception as exc:
                 shutil.rmtree(part_dir, ignore_errors=True)
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                if _disk_full(exc):
                     raise CacheFullError(
                         f"{self.dir}: the cache disk is full while downloading {spec.url} "
                         f"({spec.size:,} bytes); the partial file was removed.\nHINT: free space on that "
@@ -435,6 +436,16 @@ class ShardCache:
             return True
         finally:
             os.close(fd)
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """An ENOSPC/EDQUOT anywhere in the chain (the client wraps the OSError in its own error)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _sha256(path: Path) -> str:
