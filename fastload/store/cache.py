@@ -15,6 +15,7 @@ Layout (``cache_dir`` may hold anything else: only entries the cache made are ev
     cache_dir/<store key>/.locks/<shard>.dl     exclusive flock: one download per shard per node
     cache_dir/<store key>/.partial/<shard>.<pid>   a download in progress (never read)
     cache_dir/.reserve/<store key>.<shard>   space reserved by a download (flocked while live)
+    cache_dir/.downloads.log                 one JSON line per completed download (``node_downloads``)
 
 Concurrency uses ``fcntl.flock`` only: a crashed process's locks vanish with it, so a crash
 leaves no lock held and no shared-memory segment; its partial file and reservation are
@@ -42,9 +43,10 @@ from pathlib import Path
 
 from fastload.errors import CacheFullError, ShardIntegrityError
 
-__all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "CACHE_META"]
+__all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "node_downloads", "CACHE_META"]
 
 CACHE_META = "fastload-cache.json"
+DOWNLOAD_LOG = ".downloads.log"
 _LOCK = ".fastload-cache.lock"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
 Fetch = Callable[[str, Path], None]
@@ -105,6 +107,15 @@ def stats() -> dict[str, float]:
     """This process's cache counters: downloads, bytes_downloaded, hits, wait_s (a reader
     blocked on a shard download), download_s. ``fastload profile`` reads ``wait_s``."""
     return _STATS.snapshot()
+
+
+def node_downloads(cache_dir: str | os.PathLike[str]) -> list[dict]:
+    """Every download this node's cache completed (all processes): store, shard, bytes, pid, time."""
+    try:
+        text = (Path(cache_dir) / DOWNLOAD_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 class Lease:
@@ -301,9 +312,12 @@ class ShardCache:
             try:
                 self._fetch_checked(spec, final)
             finally:
-                os.close(reserve[0])
-                with contextlib.suppress(OSError):
-                    reserve[1].unlink()
+                # under the global lock: an accountant must see the reservation or the shard that
+                # replaced it (a scan between the rename and the unlink would otherwise see neither)
+                with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
+                    os.close(reserve[0])
+                    with contextlib.suppress(OSError):
+                        reserve[1].unlink()
             return True
         finally:
             os.close(fd)
@@ -343,6 +357,13 @@ class ShardCache:
                 (part_dir / CACHE_META).write_text(json.dumps(
                     {"url": spec.url, "size": spec.size, "sha256": spec.sha256, "fetched": time.time()}))
                 os.rename(part_dir, final)  # atomic: a shard is there whole or not at all
+                line = json.dumps({"store": self.key, "shard": spec.name, "bytes": size, "pid": os.getpid(),
+                                   "time": time.time()}) + "\n"
+                fd = os.open(self.dir / DOWNLOAD_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, line.encode())  # one small O_APPEND write: whole lines from every process
+                finally:
+                    os.close(fd)
                 return
             problem = (f"{size:,} bytes instead of {spec.size:,}" if size != spec.size
                        else f"sha256 {digest[:16]}… instead of the manifest's {spec.sha256[:16]}…")

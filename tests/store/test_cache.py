@@ -189,18 +189,20 @@ def test_download_killed_midway_partial_never_used(tmp_path):
 def _fill(cache_dir: str, specs: list[ShardSpec], log: str, limit: int, seed: int) -> None:
     import random
 
-    cache = ShardCache(cache_dir, store_key="k", fetch=CountingFetch(Path(log), delay=0.02), limit=limit)
-    order = list(specs)
+    cache = ShardCache(cache_dir, store_key="k", fetch=CountingFetch(Path(log), delay=0.01), limit=limit)
+    order = list(specs) * 2
     random.Random(seed).shuffle(order)
+    held = []
     for s in order:
-        lease = cache.acquire(s)
-        assert (lease.path / "data.mdb").stat().st_size == s.size
+        if len(held) >= 3:  # a reader keeps a few shards open, as RemoteStoreReader does
+            held.pop(0).release()
+        held.append(cache.acquire(s))
+        assert (held[-1].path / "data.mdb").stat().st_size == s.size
         assert cache.usage() <= limit
-        lease.release()
 
 
 def test_two_processes_fill_one_cache(tmp_path):
-    specs = make_remote(tmp_path / "remote", 6, size=20_000)
+    specs = make_remote(tmp_path / "remote", 12, size=20_000)
     log = tmp_path / "log"
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_fill, args=(str(tmp_path / "cache"), specs, str(log), 10**9, seed))
@@ -211,16 +213,18 @@ def test_two_processes_fill_one_cache(tmp_path):
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
     assert CountingFetch(log).count() == {s.name: 1 for s in specs}  # one download per shard per node
-    # bounded: two processes, each holding one shard at a time, never over 3 shards' worth
+    # bounded: two processes holding 3 shards each, evicting into a cache of 7: never over it
+    # (a race the torchrun test met: a scan between a download's rename and its unreservation saw
+    # neither; this test does not hit that window reliably, the torchrun one did)
     log.unlink()
-    procs = [ctx.Process(target=_fill, args=(str(tmp_path / "cache2"), specs, str(log), 60_000, seed))
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path / "cache2"), specs, str(log), 140_000, seed))
              for seed in (3, 4)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0]
-    assert ShardCache(tmp_path / "cache2", store_key="k", fetch=None, limit=60_000).usage() <= 60_000
+    assert ShardCache(tmp_path / "cache2", store_key="k", fetch=None, limit=140_000).usage() <= 140_000
 
 
 def test_meta_marks_ours(tmp_path):
