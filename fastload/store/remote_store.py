@@ -75,7 +75,7 @@ class RemoteStoreReader:
         cache_dir: the node's shard cache (default ``default_cache_dir()``).
         cache_limit: bytes the cache may hold, or a size string (``"20GB"``); None: no limit.
         verify: check each record against its crc32 (as local stores do).
-        open_shards: shards one process keeps leased at once.
+        open_shards: shards one process keeps leased at once (the default window, 4, and one more).
         fetch: ``fetch(url, path)``, for tests; default ``store.remote.download_file``.
 
     Raises:
@@ -86,7 +86,7 @@ class RemoteStoreReader:
     remote = True
 
     def __init__(self, url: str, *, cache_dir: str | os.PathLike[str] | None = None, cache_limit=None,
-                 verify: bool = True, open_shards: int = 6, fetch=None, prefetch_threads: int = 2) -> None:
+                 verify: bool = True, open_shards: int = 5, fetch=None, prefetch_threads: int = 2) -> None:
         self.path = str(url).rstrip("/") + "/"
         loc = remote.RemoteLocation.parse(self.path)
         where = str(loc.child(MANIFEST_NAME))

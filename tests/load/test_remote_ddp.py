@@ -20,7 +20,8 @@ def torchrun(n, *args, check=True):
            *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if check:
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line and "gloo" not in line]
+        assert proc.returncode == 0, "\n".join(errors[:20]) or proc.stderr[-3000:]
     return proc
 
 
