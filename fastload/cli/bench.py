@@ -64,10 +64,13 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
               help="--encoding of the --max-side store (raw: pixels, no decode when training).")
 @click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
               "fastload-threads, fastload-reduced, webdataset, dali-cpu, spdl, ffcv.")
+@click.option("--remote", default=None, metavar="URL",
+              help="Instead: the sharded store at URL (s3://, gs://, az://) with a cold and a warm node cache "
+              "against --store, the same store on local disk (fastload.bench.remote).")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     json_out) -> None:
+                     remote, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -75,6 +78,14 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     before the next is timed; ratios against torchvision, also per round. A path that
     cannot run on DATA is reported skipped with the reason.
     """
+    if remote is not None:
+        from fastload.bench.remote import RemoteBenchOptions, bench_remote
+
+        if store is None:
+            raise click.UsageError("--remote URL needs --store: the same sharded store on local disk.")
+        emit(bench_remote(store, remote, RemoteBenchOptions(workers=workers, batch_size=batch_size,
+                                                            image_size=image_size, rounds=rounds)), json_out)
+        return
     from fastload.bench.loader import LoaderBenchOptions, bench_loader
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
