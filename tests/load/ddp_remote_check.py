@@ -1,4 +1,4 @@
-"""Run under torchrun: ranks read a remote store through one node cache (tests/load/test_remote_ddp.py).
+"""Run under torchrun: ranks read a remote store through one node cache (tests/load/test_streaming_ddp.py).
 
 argv: URL CACHE_DIR OUT LIMIT MODE NUM_WORKERS [WINDOW]; MODE is "full" (2 epochs), "kill" (SIGKILL after 2
 batches of epoch 0, a state saved after each batch) or "resume" (load OUT/state.pt, finish epoch 0).

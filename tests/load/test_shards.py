@@ -191,10 +191,19 @@ def batches_of(flat, b):
 
 
 def test_remote_like_dataset_gets_the_sampler_automatically(sharded_store):
-    class Remote(fastload.LMDBImageDataset):
+    class Remote(torch.utils.data.Dataset):  # what the loader looks at: remote, shard_sizes
         remote = True
 
-    ds = Remote(sharded_store, transform=fastload.eval_transform(size=32))
+        def __init__(self, inner):
+            self.inner, self.shard_sizes, self.targets = inner, inner.shard_sizes, inner.targets
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getitem__(self, i):
+            return self.inner[i]
+
+    ds = Remote(fastload.LMDBImageDataset(sharded_store, transform=fastload.eval_transform(size=32)))
     loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9))
     assert isinstance(loader.sampler, ShardSampler) and loader.sampler.seed == 9
     e0, e1 = batches(loader), batches(loader)
