@@ -23,6 +23,9 @@ def ray_cluster():
     # which makes it advertise and connect over loopback; no usage report.
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # workers import test-only conversion handlers (tests/pack/die_once_handler.py) by name
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'fastload[ray]')")
     # a short folder: Ray puts Unix sockets in it, and their paths are limited to 107 bytes
     tmp = tempfile.mkdtemp(prefix="fastload-ray-", dir="/tmp")
