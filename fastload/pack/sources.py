@@ -328,9 +328,13 @@ def remote_source(url: str, *, num_classes: int | None = None) -> RemoteSource:
 
 def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
                     num_classes: int | None = None) -> Source:
-    """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs."""
+    """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs, and
+    ``pack.containers.container_source`` for WebDataset tar shards and Parquet files (local or remote)."""
+    from fastload.pack.containers import container_source, is_container_source
     from fastload.store.remote import is_remote
 
+    if is_container_source(str(path)):
+        return container_source(path)
     if is_remote(str(path)):
         return remote_source(str(path), num_classes=num_classes)
     return open_source(path, exclude=exclude, num_classes=num_classes)

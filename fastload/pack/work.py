@@ -66,6 +66,24 @@ class Rejected:
 
 def prepare_item(location: str, options: PrepareOptions) -> Prepared | Rejected:
     """Read and prepare one file: a local path, or ``s3://...`` (also ``tar://`` / ``parquet://`` members)."""
+    if location.startswith(("member:", "row:")):  # inside a tar shard or a Parquet file (pack/containers.py)
+        from fastload.pack.containers import read_member
+
+        try:
+            data = read_member(location)
+        except Exception as exc:  # noqa: BLE001 - reported against this sample; the shard goes on
+            if type(exc).__name__ == "RemoteStoreError":
+                raise
+            return Rejected(f"cannot read it from its container: {type(exc).__name__}: {exc}")
+        if len(data) > options.max_file_bytes:
+            return Rejected(f"larger than the {options.max_file_bytes:,}-byte limit ({len(data):,} bytes)")
+        try:
+            p = prepare(data, **options.policy_keywords())
+        except BadImage as exc:
+            return Rejected(str(exc))
+        except MemoryError:
+            return Rejected("out of memory while decoding")
+        return Prepared(p.data, p.encoding, p.stored_as, p.reason, p.psnr, len(data))
     if remote.is_remote(location):
         try:
             size = remote.head(location)
