@@ -85,7 +85,8 @@ class S3Server:
 
     def start(self) -> None:
         args = [self.weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-                "-webdav=false", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
+                "-webdav=false", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-master.telemetry=false"]
         args += [f"-{name if '.' in name else name + '.port'}={port}" for name, port in self.ports.items()]
         self.log = self.data.parent / "weed.log"
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)

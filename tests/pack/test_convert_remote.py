@@ -116,7 +116,8 @@ def test_driver_killed_and_rerun_resumes(s3_server, fresh_bucket, tiny_tree, tmp
     url = f"s3://{fresh_bucket}/store"
     cmd = [sys.executable, "-m", "fastload.cli", "convert", str(tiny_tree), url, "--num-shards", "6",
            "--lossless", "--workers", "1", "-q"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    root = str(Path(__file__).parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.monotonic() + 120
     while not [u for u, _ in remote.list_prefix(url) if u.endswith("data.mdb")]:
