@@ -372,7 +372,7 @@ def _data_or_default(data: Path | None) -> Path:
 def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines, num_shards, to) -> None:
     """Conversion images/s against reading (cat) and read+validate of DATA, same pool.
 
-    read+validate runs conversion's own per-file worker (fastload.image.policy:prepare_file).
+    read+validate runs conversion's own per-file worker (fastload.pack.work:prepare_item).
     With --engine local,ray: the sharded conversion engines side by side instead.
 
     DATA is an ImageFolder tree or file list [default: the generated default dataset].

@@ -79,7 +79,8 @@ class S3Server:
         filer = f"127.0.0.1:{self.ports['filer']}.{self.ports['filer.port.grpc']}"
         out = subprocess.run([self.weed, "shell", f"-master={master}", f"-filer={filer}"],
                              input=f"s3.bucket.create -name {name}\n", capture_output=True, text=True, timeout=60)
-        if f"created bucket {name}" not in out.stdout + out.stderr:
+        said = out.stdout + out.stderr
+        if f"created bucket {name}" not in said and f"bucket {name} already exists" not in said:
             raise RuntimeError(f"weed shell could not create bucket {name}: {out.stdout[-500:]} {out.stderr[-500:]}")
         return name
 

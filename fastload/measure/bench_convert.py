@@ -2,7 +2,7 @@
 
 Owns: one side-by-side run, in one process tree, of three passes over the same files with
 the same worker pool (``fastload._pool``): read only (``cat``), read + validate — the very
-worker function conversion runs per file (``fastload.image.policy:prepare_file``, called
+worker function conversion runs per file (``fastload.pack.work:prepare_item``, called
 by name with conversion's options, so the denominator is whatever validation ``convert``
 really does) — and ``convert`` into a temporary store (validation plus writing). A first
 unreported read warms the page cache so no pass pays for the disk the others do not.
@@ -31,7 +31,7 @@ def read_only(path: str, _: object) -> int:
 
 
 #: The worker function ``convert`` runs per file (``pack/convert.py`` uses the same name).
-VALIDATE_HANDLER = "fastload.image.policy:prepare_file"
+VALIDATE_HANDLER = "fastload.pack.work:prepare_item"
 
 
 @dataclass
