@@ -53,3 +53,20 @@ def test_ray_folder_to_s3_and_back(ray_cluster, s3_server, fresh_bucket, tiny_tr
     convert_sharded(tiny_tree, url, OPTS, EngineOptions(engine="ray", num_shards=2))
     for rel, data in _files(local).items():
         assert remote.get_bytes(f"{url}/{rel}") == data, rel
+
+
+def test_cli_engine_ray_prints_the_local_summary(ray_cluster, tiny_tree, tmp_path):
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    tree = tmp_path / "tree"
+    shutil.copytree(tiny_tree, tree)
+    (tree / sorted(p.name for p in tree.iterdir() if p.is_dir())[0] / "broken.jpg").write_bytes(b"\xff\xd8 nope")
+    args = ["convert", str(tree), str(tmp_path / "dst"), "--engine", "ray", "--num-shards", "3", "--lossless",
+            "-q"]
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "stored 24 of 25 images, skipped 1" in r.output and "broken.jpg" in r.output
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert "already complete" in r.output
