@@ -70,3 +70,20 @@ def test_cli_engine_ray_prints_the_local_summary(ray_cluster, tiny_tree, tmp_pat
     assert "stored 24 of 25 images, skipped 1" in r.output and "broken.jpg" in r.output
     r = CliRunner().invoke(main, args, catch_exceptions=False)
     assert "already complete" in r.output
+
+
+def test_cli_joins_a_running_cluster_with_address(ray_cluster, tiny_tree, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-m", "fastload.cli", "convert", str(tiny_tree), str(tmp_path / "dst"),
+                          "--engine", "ray", "--address", ray_cluster, "--num-shards", "2", "--lossless", "-q"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "stored 24 of 24 images" in out.stdout
+    local = tmp_path / "local"
+    convert_sharded(tiny_tree, local, OPTS, EngineOptions(num_shards=2))
+    assert _files(local) == _files(tmp_path / "dst")
