@@ -8,6 +8,7 @@ A pytest plugin (loaded by ``tests/conftest.py``):
   ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_REGION``
   point at it, and are restored after that test.
 * ``fresh_bucket`` (function): a new, empty bucket for one test; its name.
+* ``refused_endpoint`` (function): an ``http://127.0.0.1:PORT`` URL that refuses connections.
 
 Skipped, with the reason, only when the ``weed`` binary is not installed.
 """
@@ -176,6 +177,15 @@ def _s3_environment(request):
         for name, value in server.env.items():
             mp.setenv(name, value)
         yield
+
+
+@pytest.fixture
+def refused_endpoint():
+    """``http://127.0.0.1:PORT`` where connections are refused: a port bound, never listening (so no
+    other process on this shared machine can take it while the test runs)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture

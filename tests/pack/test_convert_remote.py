@@ -86,20 +86,15 @@ def test_s3_folder_and_file_list_to_local(s3_server, fresh_bucket, tiny_tree, tm
 
 
 @pytest.mark.parametrize("case", ["credentials", "bucket", "endpoint"])
-def test_remote_errors_are_named_without_traceback(s3_server, fresh_bucket, tiny_tree, monkeypatch, case):
+def test_remote_errors_are_named_without_traceback(s3_server, fresh_bucket, tiny_tree, monkeypatch, case,
+                                                    refused_endpoint):
     bucket = fresh_bucket
     if case == "credentials":
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     elif case == "bucket":
         bucket = "no-such-bucket-at-all"
     else:
-        import socket
-
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", refused_endpoint)
     url = f"s3://{bucket}/store"
     r = CliRunner().invoke(main, ["convert", str(tiny_tree), url, "-q", "--workers", "1"])
     assert r.exit_code == 1, r.output
