@@ -447,11 +447,13 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
             payloads = [f[0] for s in todo for f in s.files]
             stream = imap_isolated(job.handler, job.prepare, payloads, options.workers or _cpus())
             base = 0
-            for s in todo:
-                part = ((j - b, ok, v) for b in (base,) for j, ok, v in itertools.islice(stream, len(s.files)))
-                shard_done(convert_shard(s, job, progress, part))
-                base += len(s.files)
-            stream.close()
+            try:
+                for s in todo:
+                    part = ((j - b, ok, v) for b in (base,) for j, ok, v in itertools.islice(stream, len(s.files)))
+                    shard_done(convert_shard(s, job, progress, part))
+                    base += len(s.files)
+            finally:
+                stream.close()  # stops the pool's processes now, also on an error or Ctrl-C
         else:
             from fastload.pack.ray_engine import run_on_ray
 
