@@ -92,3 +92,27 @@ def test_skipped_files_are_named_across_shards(tiny_tree, tmp_path):
     assert report.total == 26 and report.stored == 24
     assert sorted(s["relpath"] for s in report.skipped) == [f"{classes[0]}/zz_broken.jpg",
                                                              f"{classes[-1]}/zz_empty.png"]
+
+
+def test_cli_refuses_contradicting_shard_options(tiny_tree, tmp_path):
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    def run(*extra):
+        return CliRunner().invoke(main, ["convert", str(tiny_tree), str(tmp_path / "dst"), "-q", *extra])
+
+    r = run("--engine", "local", "--shard-index", "1", "--num-shards", "2")
+    assert r.exit_code == 2 and "--shard-index" in r.output and "packs one shard by hand" in r.output
+    r = run("--engine", "local", "--num-shards", "2", "--shard-size", "1MB")
+    assert r.exit_code == 2 and "not both" in r.output
+    r = run("--engine", "local", "--shard-size", "lots")
+    assert r.exit_code == 2 and "not a size" in r.output
+    r = run("--address", "auto")
+    assert r.exit_code == 2 and "needs --engine ray" in r.output
+    r = run("--engine", "local", "--strict")
+    assert r.exit_code == 2 and "not available for sharded conversion" in r.output
+    assert not (tmp_path / "dst").exists()  # nothing written by a refused command
+    r = run("--engine", "local", "--shard-size", "40KB", "--workers", "1", "--lossless")
+    assert r.exit_code == 0 and "stored 24 of 24 images" in r.output
+    assert len(json.loads((tmp_path / "dst" / "manifest.json").read_text())["shards"]) > 3
