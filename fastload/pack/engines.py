@@ -212,7 +212,8 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
 
     for k, v in job.env:
         os.environ[k] = v  # the driver's object-store credentials and endpoint, on a cluster worker
-    scratch = Path(tempfile.mkdtemp(prefix=f"fastload-{shard.name}-", dir=job.scratch))
+    _remove_stale_scratch(job.scratch)
+    scratch = Path(tempfile.mkdtemp(prefix=f"fastload-{shard.name}-pid{os.getpid()}-", dir=job.scratch))
     try:
         work = scratch / "work"
         build = dict(job.build, shard={"index": shard.index, "count": shard.total, "first": shard.first,
@@ -273,6 +274,24 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove_stale_scratch(folder: str | None) -> None:
+    """Delete scratch folders of shard attempts whose process is dead (killed mid-shard: a retry or a
+    rerun then starts afresh), so repeated kills do not fill this machine's disk."""
+    import re
+
+    base = Path(folder or tempfile.gettempdir())
+    for p in base.glob("fastload-shard-*-pid*-*"):
+        m = re.search(r"-pid(\d+)-", p.name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass  # alive, or not ours to signal: leave it
 
 
 def _publish(data: Path, dst: str, name: str) -> None:

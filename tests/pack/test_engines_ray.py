@@ -37,13 +37,17 @@ def test_task_killed_mid_shard_is_retried_and_store_identical(ray_cluster, tiny_
     shutil.copyfile(first, first.with_name("die_once.jpg"))  # in shard 1 of 3, mid-way through it
     ref = tmp_path / "ref"
     convert_sharded(tree, ref, OPTS, EngineOptions(num_shards=3))
-    dst = tmp_path / "dst"
-    report = convert_sharded(tree, dst, OPTS, EngineOptions(engine="ray", num_shards=3, max_retries=2),
+    dst, scratch = tmp_path / "dst", tmp_path / "scratch"
+    scratch.mkdir()
+    report = convert_sharded(tree, dst, OPTS, EngineOptions(engine="ray", num_shards=3, max_retries=2,
+                                                            scratch=str(scratch)),
                              handler="die_once_handler:prepare_item")
     assert (tree / first.parent.name / "die_once.jpg.killed").exists()  # the task really died once
     assert report.stored == 25
     assert _files(dst) == _files(ref)
     assert not [p for p in dst.iterdir() if p.name.startswith(".")]  # no half shard left behind
+    convert_sharded(tree, tmp_path / "again", OPTS, EngineOptions(num_shards=3, scratch=str(scratch)))
+    assert list(scratch.iterdir()) == []  # the killed attempt's scratch was removed by the next shard
 
 
 def test_ray_folder_to_s3_and_back(ray_cluster, s3_server, fresh_bucket, tiny_tree, tmp_path):
