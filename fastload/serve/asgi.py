@@ -174,8 +174,8 @@ class _App:
     async def _other(self, request):
         method, path = request.method, request.url.path
         length = request.scope["state"]["content_length"]
-        reply = self.routes.get(path, self.server.http_stats) if method in _GET else \
-            self.routes.not_found(method, path, length)
+        reply = self.routes.get(path, self.server.http_stats, method) if method in _GET else \
+            self.routes.other(method, path, length)
         return self._reply(reply, request.scope)
 
     async def _predict(self, request):

@@ -325,3 +325,32 @@ def test_many_idle_keep_alive_connections_hold_at_most_max_connections_threads(f
     # lingering-close thread and may start a warm-up/probe helper: 2 more at most); asgi: none per connection
     per_connection = 0 if front.server == "asgi" else 8
     assert during - before <= per_connection + 2, (before, during)
+
+
+@pytest.mark.parametrize("target", ["/healthz?probe=1", "/stats?x=1", "/metrics?", "/trace?a=b&c=d"])
+def test_query_strings_do_not_change_the_route(front, target):
+    """Issue #21: the stdlib front answered 404 to /healthz?probe=1, /stats?x=1 and /metrics?."""
+    _settle(front)
+    assert call(front.port, "GET", target)[0] == 200
+    assert call(front.port, "POST", "/predict?probe=1", jpeg_bytes(photo(48, 40)))[0] == 200
+
+
+def test_every_routes_wrong_method_is_405_with_allow_and_other_paths_404(front):
+    """Issue #21: GET /predict answered 404 where 405 (Allow: POST) is right; same answer on both fronts."""
+    from fastload.serve.routes import ALLOWED
+
+    _settle(front)
+    wrong = []
+    for path, allowed in ALLOWED.items():
+        for method in ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
+            if method in allowed.split(", "):
+                continue
+            status, body, headers = call(front.port, method, path + "?q=1", b"")
+            allow = {k.lower(): v for k, v in headers.items()}.get("allow")
+            if (status, allow) != (405, allowed) or (method != "HEAD" and method not in body.get("error", "")):
+                wrong.append((method, path, status, allow, body))
+    for method in ("GET", "POST", "PUT"):
+        status = call(front.port, method, "/no-such-route", b"")[0]
+        if status != 404:
+            wrong.append((method, "/no-such-route", status))
+    assert not wrong, wrong
