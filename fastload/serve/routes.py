@@ -31,13 +31,18 @@ from fastload.serve._futures import await_future
 from fastload.serve.metrics import Metric, render_prometheus, serving_metrics
 
 __all__ = ["FrontOptions", "Reply", "Routes", "framing", "route_path", "FRONTS", "ALLOWED", "MAX_BODY_BYTES",
-           "METRICS_TYPE"]
+           "MAX_HEADERS", "MAX_HEADER_LINE", "MAX_HEAD_BYTES", "METRICS_TYPE"]
 
 FRONTS = ("stdlib", "asgi")
 MAX_BODY_BYTES = 64 << 20
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _OK_TYPES = ("image/", "application/octet-stream")
 _DECIMAL = re.compile(r"[0-9]{1,18}")
+# a request's head: at most MAX_HEADERS fields of MAX_HEADER_LINE bytes each (http.server's own limits, from
+# http.client: 431 over them), and (asgi, where httptools buffers an unfinished field) MAX_HEAD_BYTES in all
+MAX_HEADERS = 100
+MAX_HEADER_LINE = 65536
+MAX_HEAD_BYTES = 1 << 20
 GET_ROUTES = ("/healthz", "/stats", "/metrics", "/trace")
 ALLOWED = {"/predict": "POST", **{p: "GET, HEAD" for p in GET_ROUTES}}  # each route's methods (the Allow header)
 
