@@ -402,8 +402,10 @@ def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
               help="How long a partial batch may wait for more requests (0: greedy).")
 @click.option("--max-queue", type=click.IntRange(min=1), default=256, show_default=True,
               help="Requests waiting per replica before new ones get 503 + Retry-After.")
-@click.option("--devices", default="auto", show_default=True,
-              help="Comma-separated devices, one replica each: auto, cpu, cuda, cuda:0,cuda:1.")
+@click.option("--devices", default=None,
+              help="Comma-separated devices, one replica each: auto, cpu, cuda, cuda:0,cuda:1 [default: auto].")
+@click.option("--device", default=None, help="One device (auto, cpu, cuda, cuda:1): the single-device spelling of "
+                                              "--devices.")
 @click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
               help="Replicas on the CPU (with --devices cpu).")
 @click.option("--cpu-fallback/--no-cpu-fallback", default=True, show_default=True,
@@ -439,7 +441,7 @@ def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
                    "starlette ('fastload[serve]' extra: an event loop, no thread per connection; see the README).")
 @_friendly
 def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
-          devices, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
+          devices, device, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
           max_body_mb, request_timeout, header_timeout, body_timeout, idle_timeout, max_connections,
           drain_timeout, front) -> None:
     """Serve a model over HTTP with the training eval preprocessing and dynamic batching.
@@ -453,6 +455,11 @@ def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, 
     from fastload.serve.app import ServeOptions, run_server
     from fastload.serve.routes import FrontOptions
 
+    if device is not None and devices is not None:
+        raise click.UsageError("give --device (one device) or --devices (several), not both")
+    if device is not None and "," in device:
+        raise click.UsageError(f"--device takes one device, got {device!r}; for several use --devices {device}")
+    devices = device or devices or "auto"
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     classes = tuple(c for c in classes_file.read_text().split("\n") if c) if classes_file else None
     limits = FrontOptions(server=front, max_body_bytes=int(max_body_mb * (1 << 20)),
