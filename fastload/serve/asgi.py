@@ -18,23 +18,32 @@ What applies as in ``http.py``, and where:
   ``http.py``'s lingering close does, so the client reads the answer, not a reset;
 - the body deadline (``body_timeout_s`` over the whole body: 408, closed): the app reads
   the body, so it bounds it;
-- keep-alive idle timeout: uvicorn's ``timeout_keep_alive``;
-- the connection cap: a request arriving while more than ``max_connections`` connections
-  are open gets 503 + ``Retry-After`` (uvicorn's own ``limit_concurrency`` answers without
-  ``Retry-After`` and outside the app's counters); idle connections cost no thread;
+- keep-alive idle timeout: uvicorn's ``timeout_keep_alive`` (the close made lingering by
+  ``_protocol``);
+- the connection cap: at the cap the oldest idle keep-alive connection closes to make room
+  (``_protocol``, as ``http.py``); a request arriving while more than ``max_connections``
+  connections are still open gets 503 + ``Retry-After`` (uvicorn's own
+  ``limit_concurrency`` answers without ``Retry-After`` and outside the app's counters);
+  idle connections cost no thread;
+- the head caps (``_protocol``): 100 fields of 64 KiB each, as ``http.py``, and 1 MiB in all
+  (httptools buffers an unfinished field without limit): 431, lingering close;
+- draining (``_protocol.shutdown``): an idle connection, or one whose request has not
+  arrived, gets ``linger_s`` of grace (its request is answered 503 + close), then a
+  lingering close; uvicorn would close it at once and reset a request crossing the close;
 - queue cap (503), request deadline (504, the request leaves the queue: cancelling the
   awaiting task cancels it), pixel budget and bad images (400): the batcher and ``routes.py``.
 
 - the header deadline (``header_timeout_s`` for the request line and headers, in total,
   from the connection's opening or the next request's first byte): uvicorn has none (it
   arms its keep-alive timer only between requests and cancels it on any byte), so with
-  httptools (the ``serve`` extra) its protocol class is wrapped (``_header_deadline``):
+  httptools (the ``serve`` extra) its protocol class is wrapped (``_protocol``):
   a timer armed when a connection opens and when a request's first byte arrives, disarmed
   when its headers are complete, closes the connection when it fires. The same approach
   as https://github.com/xorbitsai/inference/pull/5213, written here against uvicorn's
   ``HttpToolsProtocol`` callbacks (``connection_made``, ``on_message_begin``,
   ``on_headers_complete``, ``connection_lost``). Without httptools (h11) there is no header
-  deadline, and ``make_server`` logs it.
+  deadline, no head caps beyond h11's own 16 KiB, no eviction at the cap and no grace at a
+  drain, and ``make_server`` logs it.
 
 What uvicorn does not allow: its own 400s (unparseable requests) are not counted in
 ``/metrics``.

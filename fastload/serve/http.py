@@ -7,10 +7,15 @@ socket-side defences a front needs:
 - read deadlines: the request line and headers must arrive within ``header_timeout_s`` and
   the body within ``body_timeout_s`` of their start, however slowly the client dribbles
   (a per-``recv`` timeout alone lets a byte a second hold a connection forever);
-- keep-alive connections idle for ``idle_timeout_s`` are closed;
-- at most ``max_connections`` connections, one thread each; the next ones are answered
-  503 + ``Retry-After`` at once by the accept loop (never an unbounded thread per
-  connection); the in-flight cap is the batchers' ``max_queue`` (503 + ``Retry-After``);
+- keep-alive connections idle for ``idle_timeout_s`` are closed (a lingering close: a
+  request crossing the close meets an orderly end, never a reset);
+- at most ``max_connections`` connections, one thread each; at the cap, the oldest idle
+  keep-alive connection is closed to make room (as nginx does), and only when none is idle
+  is the next one answered 503 + ``Retry-After`` at once by the accept loop (never an
+  unbounded thread per connection); the in-flight cap is the batchers' ``max_queue`` (503 +
+  ``Retry-After``);
+- a request's head: at most 100 fields of 64 KiB each (``http.server``'s own limits: 431);
+- a query string never changes the route; a route's wrong method is 405 + ``Allow``;
 - a request deadline (``request_timeout_s``): 504, and the request leaves the queue;
 - strict framing: ``Content-Length`` must be one non-negative decimal number (else 400),
   a missing one on POST is 411, ``Transfer-Encoding`` (chunked or not) is refused with 411 /
@@ -20,7 +25,9 @@ socket-side defences a front needs:
   overload), a bounded "lingering close" (RFC 9112 §9.6): shut our side, discard what the
   client still sends for ``linger_s``, then close — so the client reads our answer instead
   of a connection reset;
-- draining on shutdown: new requests get 503 + ``Connection: close``; accepted ones finish.
+- draining on shutdown: new requests and connections get 503 + ``Connection: close`` until
+  the listener closes (right after its backlog is answered); accepted ones finish; an idle
+  keep-alive connection's request within ``linger_s`` gets 503, then it closes, lingering.
 
 Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
 measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README's "Which

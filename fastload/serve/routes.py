@@ -147,7 +147,7 @@ class Routes:
     # ---- routes ---------------------------------------------------------------------------
 
     def get(self, path: str, http_stats: Any, method: str = "GET") -> Reply:
-        """``GET path`` (or ``HEAD``); ``http_stats`` is a callable giving the front's own counters (/stats, /metrics)."""
+        """``GET path`` (or ``HEAD``); ``http_stats`` gives the front's own counters (for /stats, /metrics)."""
         t = self.target
         path = route_path(path)
         if path == "/healthz":
