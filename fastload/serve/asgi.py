@@ -121,6 +121,7 @@ class _App:
 
         self.server, self.routes, self.options = server, server.routes, server.options
         self.active = 0
+        self.admitted = 0
         self.refused = 0
         get = [Route(p, self._get, methods=["GET"]) for p in ("/healthz", "/stats", "/metrics", "/trace")]
         self.starlette = Starlette(routes=[Route("/predict", self._predict, methods=["POST"]), *get,
@@ -137,6 +138,8 @@ class _App:
             await send(message)
 
         self.active += 1
+        before_drain = not self.routes.draining  # what a drain waits for (later ones are answered 503 at once)
+        self.admitted += before_drain
         try:
             early = self._guard(scope)
             if early is None:
@@ -145,6 +148,7 @@ class _App:
                 await self._reply(early, scope)(scope, receive, counted)
         finally:
             self.active -= 1
+            self.admitted -= before_drain
 
     def _guard(self, scope) -> Reply | None:
         """503 over the connection cap; the framing error, if any (the body length goes in ``scope["state"]``)."""
@@ -473,11 +477,16 @@ class AsgiServer:
             self._loop.call_soon_threadsafe(close_idle)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no request is being handled; False if ``timeout`` passed first."""
+        """Wait until every request taken before the drain is answered; False if ``timeout`` passed first.
+
+        Requests arriving during the drain are answered 503 at once and are not waited for
+        (under steady load they never stop coming, so waiting for none in flight would always
+        run to the timeout).
+        """
         deadline = time.monotonic() + timeout
-        while self.app.active and time.monotonic() < deadline:
+        while self.app.admitted and time.monotonic() < deadline:
             time.sleep(0.05)
-        return not self.app.active
+        return not self.app.admitted
 
     def shutdown(self) -> None:
         """Stop uvicorn (it closes its listening socket and connections) and wait for its thread."""
@@ -486,12 +495,18 @@ class AsgiServer:
             self._thread.join()
 
     def refuse_backlog(self) -> int:
-        """Answer 503 to the connections still in the listen backlog (instead of a reset at close)."""
+        """Answer 503 to the connections still in the listen backlog, then close the listener at once.
+
+        Call after ``shutdown()``. As in ``http.py``: a connection still in the backlog when
+        the listener closes is reset by the kernel, so the close follows the empty backlog
+        at once (under load, clients reconnect within microseconds of their 503).
+        """
         n = 0
         for sock in accept_backlog(self._spare):
             if refuse(sock, "the server is shutting down", self.lingerer, self.options.linger_s):
                 self.routes.count(503)
             n += 1
+        self._spare.close()
         return n
 
     def close_all(self, timeout: float) -> None:
