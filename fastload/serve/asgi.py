@@ -378,7 +378,7 @@ def _protocol(base: type, options: FrontOptions) -> type:
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if self._closing and not self.transport.is_closing():
+            if self._closing and not self._busy() and not self.transport.is_closing():
                 self._linger_close()
             else:
                 self.idle_since = self.loop.time()
