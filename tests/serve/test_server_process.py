@@ -138,13 +138,15 @@ def test_sigterm_under_load_answers_every_request_200_or_503_and_resets_none(fro
 
     Keep-alive clients and connect-per-request clients POST until the listener closes; SIGTERM
     arrives mid-load. Every request sent must get 200 or 503 (a refused connection, once the
-    listener is closed, is fine: nothing was accepted).
+    listener is closed, is fine: nothing was accepted), and the drain must end once the
+    requests taken before it are answered (the asgi front's waited for the 503s too, so it
+    always ran to --drain-timeout under load).
     """
     if front == "asgi":
         pytest.importorskip("uvicorn", reason="the asgi front needs the serve extra")
     proc = ServeProcess("--model", "simulated", "--batch-ms", "3+0.2*n", "--devices", "cpu", "--max-batch", "8",
                         "--max-wait-ms", "1", "--size", "32", "--resize", "40", "--front", front,
-                        "--drain-timeout", "10")
+                        "--drain-timeout", "20")
     stop = threading.Event()
     try:
         out, threads = loopback_load(proc.port, jpeg_bytes(photo(48, 40)), keep_alive=6, fresh=4, stop=stop)
@@ -167,5 +169,5 @@ def test_sigterm_under_load_answers_every_request_200_or_503_and_resets_none(fro
     assert not out.failures, (collections.Counter(f.split(":")[0] for f in out.failures), answered)
     assert set(answered) <= {200, 503} and answered[200] >= 100, answered
     assert answered[503] >= 1, answered  # the load went on into the drain
-    assert took < 15, (took, proc.output())
-    print(took, answered)
+    # the drain waits for the requests taken before it, not for the 503s that keep coming: well inside 20 s
+    assert took < 10, (took, proc.output())
