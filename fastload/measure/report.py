@@ -75,8 +75,8 @@ def results_json(recipe, outcomes, data) -> dict[str, Any]:
                     x["ratio_vs_baseline"] = x["images_per_s"] / base_rounds[x["round"]]
     return {"stages": rows, "reference_stage": base["name"] if base else None, "recipe": recipe.to_json(),
             "contract": CONTRACT,
-            "data": {"folder": str(data.folder) if data.folder else None, "store": str(data.store),
-                     "classes": data.num_classes},
+            "data": {"name": data.name, "folder": str(data.folder) if data.folder else None,
+                     "store": str(data.store), "images": data.images, "classes": data.num_classes},
             "environment": environment(), "verdict": verdict(rows)}
 
 
@@ -222,6 +222,31 @@ def _plot(rows: list[dict], path: Path) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def check_out(out: Path, *, force: bool) -> None:
+    """Refuse to write over the results of an earlier run in ``out`` unless ``force``.
+
+    Raises:
+        RecipeError: ``out`` already holds a results.json.
+    """
+    from fastload.errors import RecipeError
+
+    if (out / "results.json").exists() and not force:
+        raise RecipeError(f"{out} already holds the results of an earlier run (results.json).\n"
+                          "HINT: pass --force to overwrite them, or another --out folder.")
+
+
+def new_run_folder(runs: Path, recipe_name: str, data_name: str) -> Path:
+    """``runs/<recipe>-<data>``, or the first of ``-2``, ``-3``, ... that holds no results yet:
+    a run never overwrites the last one's folder."""
+    data = "".join(c if c.isalnum() or c in "-_." else "_" for c in data_name.split(" (")[0]) or "data"
+    base = runs / f"{recipe_name}-{data}"
+    out, k = base, 1
+    while (out / "results.json").exists():
+        k += 1
+        out = base.with_name(f"{base.name}-{k}")
+    return out
 
 
 def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], list[str]]:
