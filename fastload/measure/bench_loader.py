@@ -67,6 +67,11 @@ class LoaderBenchOptions:
         reduced_encoding: ``convert --encoding`` of that store (``jpeg``, ``raw``: pixels, no
             decode, or ``auto``).
         paths: the paths to run (default: every one that can run here).
+        step_ms: a simulated training step after every batch (``train.SimulatedStep``), so the
+            loader runs beside a training loop; 0 (default): the loader alone, as fast as it goes.
+        host_ms: of each step, the host CPU ms that hold the GIL (kernel launches); the rest of
+            ``step_ms`` is slept. Loader threads in this process compete with it for the GIL,
+            worker processes do not.
     """
 
     workers: int = 2
@@ -78,9 +83,14 @@ class LoaderBenchOptions:
     max_side: int | None = None
     reduced_encoding: str = "jpeg"
     paths: tuple[str, ...] | None = None
+    step_ms: float = 0.0
+    host_ms: float = 0.0
 
     def __post_init__(self) -> None:
         from fastload.image.policy import ENCODING_CHOICES
+
+        if self.step_ms < 0 or self.host_ms < 0:
+            raise ValueError(f"step_ms and host_ms must be >= 0, got {self.step_ms}, {self.host_ms}")
 
         if self.workers < 0 or self.batch_size < 1 or self.batches < 1 or self.rounds < 1 or self.warmup < 0:
             raise ValueError("workers >= 0, batch_size >= 1, batches >= 1, rounds >= 1 and warmup >= 0 are required")
@@ -126,8 +136,10 @@ class LoaderBench:
     def table(self) -> str:
         o = self.options
         w = max(26, *(len(r.name) + 2 for r in self.results))
+        step = (f"; a simulated step of {o.step_ms:g} ms after each batch, {o.host_ms:g} ms of it host CPU holding "
+                "the GIL" if o.step_ms or o.host_ms else "")
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, median of {o.rounds} rounds "
-                 f"x {o.batches} batches (path order rotated each round, previous workers shut down first)",
+                 f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"]
         for r in self.results:
             if r.images_per_s is None:
@@ -169,14 +181,18 @@ def _forever(make_epoch: Callable[[], Iterable]) -> Iterator:
         yield from make_epoch()
 
 
-def _time(loader: Iterable, warmup: int, batches: int) -> float:
+def _time(loader: Iterable, warmup: int, batches: int, step: Callable[[], object] | None = None) -> float:
     it = _forever(lambda: loader)
     for _ in range(warmup):
         next(it)
+        if step is not None:
+            step()
     n = 0
     t0 = time.perf_counter()
     for images, _labels, *_ in itertools.islice(it, batches):
         n += len(images)
+        if step is not None:
+            step()
     return n / (time.perf_counter() - t0)
 
 
@@ -311,6 +327,11 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
 
     data = Path(data)
     o = options
+    step = None
+    if o.step_ms or o.host_ms:
+        from fastload.measure.train import SimulatedStep
+
+        step = SimulatedStep(o.step_ms, o.host_ms).run
     wanted = o.paths or ALL_PATHS
     unknown = set(wanted) - set(ALL_PATHS)
     if unknown:
@@ -384,7 +405,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                         continue
                     try:
                         with running(builders[name]()) as loader:
-                            results[name].rounds.append(_time(loader, o.warmup, o.batches))
+                            results[name].rounds.append(_time(loader, o.warmup, o.batches, step))
                         results[name].order.append(k)
                     except Exception as exc:
                         results[name].skipped = _reason(exc)
