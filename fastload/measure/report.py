@@ -191,6 +191,38 @@ def chrome_trace(result, *, pid: int = 1) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def write_tensorboard(outcomes, logdir: Path) -> str | None:
+    """Per-step scalars of every stage that ran, one TensorBoard run per stage under ``logdir``:
+    ``step/data_wait_ms``, ``step/idle_ms`` (the GPU's idle gap on CUDA, else the step's time
+    outside compute), ``step/images_per_s``; steps numbered across rounds in the order they ran.
+
+    Returns a note when TensorBoard is not installed (the ``plot`` extra brings it), else None.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        return "tensorboard/ skipped: tensorboard is not installed (pip install 'fastload[plot]')"
+    from torch.utils.tensorboard import SummaryWriter
+
+    for o in outcomes:
+        if o.result is None:
+            continue
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in o.stage.name)
+        writer = SummaryWriter(str(logdir / safe))
+        try:
+            step = 0
+            for res in o.rounds:
+                for rec in res.records:
+                    idle = rec.gpu_idle if rec.gpu_idle is not None else rec.total - rec.compute
+                    writer.add_scalar("step/data_wait_ms", rec.data_wait * 1e3, step)
+                    writer.add_scalar("step/idle_ms", idle * 1e3, step)
+                    writer.add_scalar("step/images_per_s", rec.images / rec.total if rec.total > 0 else 0.0, step)
+                    step += 1
+        finally:
+            writer.close()
+    return None
+
+
 def _plot(rows: list[dict], path: Path) -> str | None:
     try:
         import matplotlib
@@ -264,9 +296,9 @@ def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], li
             ci = row.get("images_per_s_ci95") or [None, None]
             w.writerow({**row, "ci95_low": ci[0], "ci95_high": ci[1]})
     notes = []
-    note = _plot(results["stages"], out / "comparison.png")
-    if note:
-        notes.append(note)
+    for note in (_plot(results["stages"], out / "comparison.png"), write_tensorboard(outcomes, out / "tensorboard")):
+        if note:
+            notes.append(note)
     (out / "traces").mkdir(exist_ok=True)
     for pid, o in enumerate(outcomes, 1):
         if o.result is not None:

@@ -282,3 +282,34 @@ def test_recipe_run_names_the_data_and_never_overwrites_a_run(tiny_tree, tmp_pat
     forced = CliRunner().invoke(main, [*args, "--out", str(out1), "--force"])
     assert forced.exit_code == 0, forced.output
     assert (out1 / "results.json").read_bytes() != before
+
+
+def test_recipe_run_writes_per_step_tensorboard_scalars(tiny_tree, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    recipe = write(tmp_path, f"""
+        [dataset]
+        folder = "{tiny_tree}"
+        store = "{tmp_path / 'tb.lmdb'}"
+        [run]
+        step_ms = 2
+        host_ms = 0
+        rounds = 2
+        [[stage]]
+        type = "lmdb"
+        [[stage]]
+        type = "threads"
+    """)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["recipe", "run", str(recipe), "--out", str(out), *TINY_RUN])
+    assert r.exit_code == 0, r.output
+    for stage in ("lmdb", "threads"):
+        acc = EventAccumulator(str(out / "tensorboard" / stage))
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        assert {"step/data_wait_ms", "step/idle_ms", "step/images_per_s"} <= set(tags)
+        rate = acc.Scalars("step/images_per_s")
+        assert [e.step for e in rate] == list(range(2 * 3))  # 2 rounds x 3 measured steps
+        assert all(e.value > 0 for e in rate)
+        assert all(e.value >= 0 for e in acc.Scalars("step/data_wait_ms"))
