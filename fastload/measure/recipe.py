@@ -360,7 +360,7 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
     import torch
 
     from fastload.measure.cache import evict, files_under
-    from fastload.measure.rounds import median_and_interval, rotated
+    from fastload.measure.rounds import interleave, median_and_interval
     from fastload.measure.stages import StageData, build_stage, running, skip_reason
     from fastload.measure.timing import summarize_records
     from fastload.measure.train import RunOptions, build_model, gather_results, run_instrumented
@@ -380,23 +380,24 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
         if outcomes[s.name].skipped and on_step:
             for _ in range(r.rounds * (r.warmup + r.steps)):
                 on_step(s.name)
-    for k in range(r.rounds):
-        for position, stage in enumerate(rotated(runnable, k)):
-            outcome = outcomes[stage.name]
-            if cold_files:
-                outcome.evictions.append({"round": k, **evict(cold_files).to_json()})
-            torch.manual_seed(r.seed + k)
-            model = build_model(r.model, num_classes=data.num_classes, step_ms=r.step_ms, host_ms=r.host_ms or 0.0)
-            built = build_stage(stage.type, stage_data, _stage_options(r, d, stage, device))
-            outcome.workers, outcome.normalises = built.workers, built.normalises
-            opts = RunOptions(channels_last=r.channels_last, name=stage.name, batch_size=r.batch_size)
-            with running(built) as loader:
-                result = run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
-                                          amp=None if r.amp == "none" else r.amp, options=opts,
-                                          on_step=(lambda name=stage.name: on_step(name)) if on_step else None)
-            outcome.rounds.append(result)
-            outcome.round_index.append(k)
-            outcome.position.append(position)
+    def measure(name: str, k: int):
+        stage, outcome = by_name[name], outcomes[name]
+        if cold_files:
+            outcome.evictions.append({"round": k, **evict(cold_files).to_json()})
+        torch.manual_seed(r.seed + k)
+        model = build_model(r.model, num_classes=data.num_classes, step_ms=r.step_ms, host_ms=r.host_ms or 0.0)
+        built = build_stage(stage.type, stage_data, _stage_options(r, d, stage, device))
+        outcome.workers, outcome.normalises = built.workers, built.normalises
+        opts = RunOptions(channels_last=r.channels_last, name=stage.name, batch_size=r.batch_size)
+        with running(built) as loader:
+            return run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
+                                    amp=None if r.amp == "none" else r.amp, options=opts,
+                                    on_step=(lambda: on_step(name)) if on_step else None)
+
+    by_name = {s.name: s for s in runnable}
+    for name, arm in interleave([s.name for s in runnable], r.rounds, measure).items():
+        outcomes[name].rounds, outcomes[name].round_index, outcomes[name].position = arm.values, arm.rounds, \
+            arm.positions
     for stage in stages:
         outcome = outcomes[stage.name]
         if outcome.rounds:
