@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -43,7 +42,7 @@ from pathlib import Path
 
 
 from fastload.measure import _spdl_path as _spdl
-from fastload.measure.rounds import rotated
+from fastload.measure.rounds import interleave
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
@@ -397,32 +396,32 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         add("ffcv", prep_ffcv, reads=store, missing=None if importlib.util.find_spec("ffcv") else
             "ffcv is not importable (it needs libopencv-dev, libturbojpeg0-dev, pkg-config, then pip install ffcv)")
         order = [n for n in ALL_PATHS if n in builders]
+
+        def measure(name: str, k: int) -> float | None:
+            pbar.update()
+            if results[name].skipped:
+                return None
+            try:
+                with running(builders[name]()) as loader:
+                    return _time(loader, o.warmup, o.batches, step)
+            except Exception as exc:
+                results[name].skipped = _reason(exc)
+                return None
+
         with bar(total=o.rounds * len(order), desc="bench loader", disable=not progress) as pbar:
-            for k in range(o.rounds):
-                for name in rotated(order, k):
-                    pbar.update()
-                    if results[name].skipped:
-                        continue
-                    try:
-                        with running(builders[name]()) as loader:
-                            results[name].rounds.append(_time(loader, o.warmup, o.batches, step))
-                        results[name].order.append(k)
-                    except Exception as exc:
-                        results[name].skipped = _reason(exc)
-                        results[name].rounds.clear()
+            arms = interleave(order, o.rounds, measure)
         ordered = []
-        base = results.get("torchvision")
+        base = arms.get("torchvision") if "torchvision" in arms and not results["torchvision"].skipped else None
         for name in ALL_PATHS:
             if name not in results:
                 continue
             r = results[name]
-            if r.skipped:
-                r.rounds.clear()
-            if r.rounds:
-                r.images_per_s = statistics.median(r.rounds)
-                if base is not None and base.rounds and not base.skipped:
-                    by_round = dict(zip(base.order, base.rounds))
-                    r.round_ratios = [v / by_round[k] for k, v in zip(r.order, r.rounds) if k in by_round]
+            arm = arms.get(name)
+            if arm is not None and arm.values and not r.skipped:
+                r.rounds, r.order = arm.values, arm.rounds
+                r.images_per_s = arm.median()
+                if base is not None and base.values:
+                    r.round_ratios = arm.ratios_to(base)
             ordered.append(r)
         ceilings: dict[str, float] = {}
         for name, path in stores.items():

@@ -50,23 +50,23 @@ def bench_profile(*, steps: int = 200, rounds: int = 5, size: int = 192) -> dict
     """Median seconds per step of each arm, and ratios to ``plain`` with their min..max over rounds."""
 
     from fastload.measure.profile import profile
+    from fastload.measure.rounds import interleave
 
     from fastload.system import resolve_device
 
     device = resolve_device("auto").type
     arms = ["plain", "profiled"] + (["kineto"] if device == "cuda" else [])
-    times: dict[str, list[float]] = {a: [] for a in arms}
     _loop(20, device, size)  # warm caches, kernels, the allocator
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            for arm in arms:
-                if arm == "plain":
-                    times[arm].append(_loop(steps, device, size))
-                else:
-                    with profile(out=Path(tmp) / f"{arm}-{r}", warmup=1,
-                                 kineto_steps=steps + 1 if arm == "kineto" else 0):
-                        times[arm].append(_loop(steps, device, size))
-    ratios = {a: [t / p for t, p in zip(times[a], times["plain"])] for a in arms}
+        def measure(arm: str, r: int) -> float:
+            if arm == "plain":
+                return _loop(steps, device, size)
+            with profile(out=Path(tmp) / f"{arm}-{r}", warmup=1, kineto_steps=steps + 1 if arm == "kineto" else 0):
+                return _loop(steps, device, size)
+
+        measured = interleave(arms, rounds, measure)
+    times = {a: m.values for a, m in measured.items()}
+    ratios = {a: m.ratios_to(measured["plain"]) for a, m in measured.items()}
     return {"device": device, "steps": steps, "rounds": rounds,
             "step_ms": {a: statistics.median(v) * 1e3 for a, v in times.items()},
             "overhead": {a: {"median": statistics.median(v) - 1, "min": min(v) - 1, "max": max(v) - 1}

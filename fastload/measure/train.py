@@ -12,7 +12,9 @@ launches them, so a step takes ``max(step_ms, host_ms)``). Sleeping releases the
 asynchronous GPU does, so on a CPU-only machine the loaders compete for the CPUs, and for
 the GIL, the way they would beside a real GPU, and the result answers "would this
 pipeline keep a GPU busy at N images/s?". ``DEFAULT_HOST_MS`` is the measured default
-(``tools/launch_cost.py`` prints the measurement and its assumptions). The simulated device leaves no input work undone: every batch
+(``tools/launch_cost.py`` prints the measurement and its assumptions).
+
+The simulated device leaves no input work undone: every batch
 goes through ``prepare_batch`` inside the timed loop on every device, so a loader that
 hands out ``uint8`` is normalised on the host, in the measured copy time, when the device
 is the CPU (recipe stages hand the step batches already normalised: ``stages.py``).
@@ -33,7 +35,8 @@ from fastload.errors import RecipeError
 from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
 
-__all__ = ["init_distributed", "SimulatedStep", "DEFAULT_HOST_MS", "hold_gil", "RunOptions", "build_model", "run_instrumented", "gather_results"]
+__all__ = ["init_distributed", "SimulatedStep", "DEFAULT_HOST_MS", "hold_gil", "RunOptions", "build_model",
+           "run_instrumented", "gather_results"]
 
 
 #: Host-side ms per training step of ResNet-50 (bf16 autocast, foreach SGD): aten ops per step

@@ -268,6 +268,7 @@ def _median_point(runs: list[dict], label: str = "config", keys: tuple[str, ...]
 
 def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: bool = True) -> dict:
     """Run every (round, load, configuration) point against a fresh server; return every figure."""
+    from fastload.measure.rounds import interleave
     from fastload.serve.models import build_model
     from fastload.system import available_cpus, resolve_device
 
@@ -278,15 +279,15 @@ def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: b
     bodies = _bodies(32, options.image_size + 32, options.seed)
     capacity = _capacity(options, model, bodies, workers, device)
     rates = list(options.rates) if options.rates else [f * capacity["estimate_per_s"] for f in options.loads]
-    raw: dict[tuple[str, float], list[dict]] = {}
-    for rnd in range(options.rounds):
-        for rate in rates:
-            for name in options.configs:
-                if progress:
-                    print(f"round {rnd + 1}/{options.rounds}: {name:<12} at {rate:7.1f} requests/s for "
-                          f"{options.duration_s:g}s ...", flush=True)
-                res = _serve_once(options, model, name, rate, bodies, workers, options.seed + rnd, device)
-                raw.setdefault((name, rate), []).append(res.summary())
+    def measure(point: tuple[float, str], rnd: int) -> dict:
+        rate, name = point
+        if progress:
+            print(f"round {rnd + 1}/{options.rounds}: {name:<12} at {rate:7.1f} requests/s for "
+                  f"{options.duration_s:g}s ...", flush=True)
+        return _serve_once(options, model, name, rate, bodies, workers, options.seed + rnd, device).summary()
+
+    arms = interleave([(rate, name) for rate in rates for name in options.configs], options.rounds, measure)
+    raw = {(name, rate): arms[(rate, name)].values for rate in rates for name in options.configs}
     points = [_median_point(raw[(name, rate)]) for rate in rates for name in options.configs]
     return {"options": asdict(options), "device": str(device), "workers": workers, "capacity": capacity,
             "rates": rates,
