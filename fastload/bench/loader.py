@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
-from fastload.measure import _spdl_path as _spdl
+from fastload.bench import _spdl_path as _spdl
 from fastload.measure.rounds import interleave
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.measure.timing import one_torch_thread
