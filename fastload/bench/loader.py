@@ -90,7 +90,6 @@ class LoaderBenchOptions:
 
         if self.step_ms < 0 or self.host_ms < 0:
             raise ValueError(f"step_ms and host_ms must be >= 0, got {self.step_ms}, {self.host_ms}")
-
         if self.workers < 0 or self.batch_size < 1 or self.batches < 1 or self.rounds < 1 or self.warmup < 0:
             raise ValueError("workers >= 0, batch_size >= 1, batches >= 1, rounds >= 1 and warmup >= 0 are required")
         if self.reduced_encoding not in ENCODING_CHOICES:
