@@ -5,7 +5,8 @@ Owns: ``bench_profile()`` and ``python -m fastload.bench.profile``. Arms: ``plai
 DataLoader patch, per-sample timing, the per-step records) and, on CUDA, ``kineto`` (every
 step inside the torch.profiler window). Each step does the same work in every arm: a
 DataLoader batch (workers 0, a map-style dataset of small tensors) and a fixed matmul
-chain on the device. Rounds are interleaved; the median step time of each arm and its
+chain on the device. Rounds are interleaved, the order rotated each round (``measure.rounds.interleave``:
+no arm always runs first); the median step time of each arm and its
 ratio to ``plain`` (with the spread over rounds) are reported.
 
 Must not: assert anything about the figures (benchmarks report; tests do not time).

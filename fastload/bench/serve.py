@@ -22,9 +22,10 @@ batch of ``n`` (freeing the CPU as a GPU does), so a CPU machine shows what batc
 worth to a GPU. Device busy fraction = time in the model call (with the normalisation
 on the device) / wall time of the run.
 
-Rounds interleave: round 1 runs every (load, configuration) point once, then round 2, so
-drift on the machine reaches every configuration alike; each point reports the median
-over rounds and the range.
+Rounds interleave (``measure.rounds.interleave``): round 1 runs every (load, configuration)
+point once, then round 2 with the order rotated by one place, and so on, so drift on the
+machine reaches every configuration alike and no point always follows the same one; each
+point reports the median over rounds and the range.
 
 Lives in ``bench/`` (the benchmarks' room, above ``serve/`` and ``measure/``): it drives ``serve/``
 from outside, as a client would. Must not: be imported by ``serve/``; assert performance.
@@ -280,6 +281,7 @@ def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: b
     bodies = _bodies(32, options.image_size + 32, options.seed)
     capacity = _capacity(options, model, bodies, workers, device)
     rates = list(options.rates) if options.rates else [f * capacity["estimate_per_s"] for f in options.loads]
+
     def measure(point: tuple[float, str], rnd: int) -> dict:
         rate, name = point
         if progress:
