@@ -4,7 +4,10 @@
 
 Usage: python tools/bench_remote_loopback.py PER_CLASS SHARDS OUT.json ROUNDS
 (10 classes of PER_CLASS images, 200-400 px JPEGs; the server is stopped at the end)."""
-import json, os, sys, tempfile, time
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
 _TESTS = Path(__file__).resolve().parent.parent / "tests"
 sys.path[:0] = [str(_TESTS), str(_TESTS / "load")]

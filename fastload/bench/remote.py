@@ -123,7 +123,8 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
 
 
 def table(result: dict) -> str:
-    rows = [f"{'path':14s} {'images/s':>9s} {'vs local (per round)':>28s} {'first batch':>12s} {'downloaded/epoch':>17s}"]
+    rows = [f"{'path':14s} {'images/s':>9s} {'vs local (per round)':>28s} {'first batch':>12s} "
+            f"{'downloaded/epoch':>17s}"]
     for p, r in result["paths"].items():
         ratios = " ".join(f"{x:.2f}" for x in r["ratio_to_local"])
         rows.append(f"{p:14s} {r['images_per_s_median']:>9.0f} {ratios:>28s} {r['first_batch_s_median']:>11.2f}s "

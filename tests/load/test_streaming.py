@@ -119,3 +119,12 @@ def test_prefetch_downloads_ahead_on_a_slow_link(store_url, s3_server, tmp_path,
         assert cache_mod.stats()["wait_s"] > before
     finally:
         proxy.close()
+
+
+def test_bench_loader_remote_needs_the_local_store():
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    out = CliRunner().invoke(main, ["bench", "loader", "--remote", "s3://b/store/"])
+    assert out.exit_code == 2 and "--remote URL needs --store" in out.output
