@@ -2,8 +2,9 @@
 
 Owns: walking a PNG's chunks (CRCs, the whole zlib image stream, its length and every
 row's filter byte), dropping ancillary chunks with bad CRCs, and the strict libjpeg-turbo
-decode of a JPEG with its warnings sorted into damage (``BadImage``) and oddities (returned
-as reasons to canonicalise). The rule is written in ``policy.py``'s docstring.
+decode of a JPEG with its warnings sorted into damage (``BadImage``: anything from the scan
+data) and oddities (returned as reasons to canonicalise: the header's stray bytes and
+metadata). The rule is written in ``policy.py``'s docstring and measured in docs/jpeg-damage.md.
 
 Must not: decide what is stored (``policy.py``), or import torch.
 """
@@ -18,12 +19,10 @@ import numpy as np
 
 from fastload.image.formats import BadImage, jpeg_frame
 
-__all__ = ["png_damage", "png_without_bad_chunks", "jpeg_damage", "DROP_BAD_CHUNKS"]
+__all__ = ["png_damage", "png_without_bad_chunks", "jpeg_damage", "jpeg_header_cleaned", "DROP_BAD_CHUNKS"]
 
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
-# libjpeg-turbo warnings that mean the pixels are not all there or not what was encoded
-_JPEG_DAMAGE = ("premature end", "huffman", "corrupt jpeg data: bad", "invalid", "truncated", "unexpected marker")
 
 
 def png_damage(data: bytes) -> list[str]:
@@ -143,36 +142,102 @@ def _inflate(stream: bytes, expected: int) -> _Inflated:
     return _Inflated(out, bool(d.unused_data.strip(b"\0")))
 
 
+#: libjpeg-turbo warnings about metadata only: the pixels are whole (the file is canonicalised)
+_JPEG_METADATA = ("unknown jfif revision", "unknown adobe color transform", "thumbnail image size")
+
+
+def _strict_jpeg(data: bytes, colorspace: str) -> tuple[np.ndarray | None, str | None]:
+    import simplejpeg
+
+    try:
+        return simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True), None
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def jpeg_header_cleaned(data: bytes) -> tuple[bytes, int]:
+    """The JPEG with the stray bytes between its header segments (before the first scan) and
+    its ICC profile markers left out; the number of stray bytes dropped.
+
+    Neither carries pixels: stray bytes there are an encoder's padding, and libjpeg-turbo's
+    "bad ICC marker" is a metadata warning. Everything from the first SOS on is kept as is.
+    """
+    out, pos, n, dropped = [data[:2]], 2, len(data), 0
+    while pos < n:
+        if data[pos] != 0xFF or pos + 1 >= n or data[pos + 1] == 0x00:
+            nxt = pos + 1
+            while nxt + 1 < n and not (data[nxt] == 0xFF and data[nxt + 1] not in (0x00, 0xFF)):
+                nxt += 1
+            if nxt + 1 >= n:
+                break  # no marker follows: leave the rest out (the decode of what is kept decides)
+            dropped += nxt - pos
+            pos = nxt
+            continue
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xDA, 0xD9):  # the scan (or the end) from here on: kept byte for byte
+            out.append(data[pos:])
+            break
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            out.append(data[pos:pos + 2])
+            pos += 2
+            continue
+        if pos + 4 > n:
+            out.append(data[pos:])
+            break
+        end = pos + 2 + struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        if not (marker == 0xE2 and data[pos + 4:pos + 16] == b"ICC_PROFILE\0"):
+            out.append(data[pos:end])
+        pos = end
+    return b"".join(out), dropped
+
+
 def jpeg_damage(data: bytes) -> tuple[list[str], np.ndarray | None]:
-    """Decode a JPEG with libjpeg-turbo in strict mode.
+    """Decode a JPEG with libjpeg-turbo in strict mode; sort its warning into damage or oddity.
+
+    libjpeg-turbo stops at its first warning, so a warning about the header (stray bytes
+    between segments, a malformed ICC profile marker) is checked by decoding again without
+    them (``jpeg_header_cleaned``): only a clean decode of the rest makes the file odd. A
+    warning from the scan data is damage: "N extraneous bytes before marker 0xd9 / RSTn /
+    DHT / SOS" there means the scan ended before its data did (the decoder lost sync, as bit
+    rot does), and bad Huffman codes, wrong restart markers, unknown markers and premature
+    ends mean pixels are missing or wrong. The measured table is in docs/jpeg-damage.md.
 
     Returns:
         ``(odd reasons, RGB pixels or None)``: pixels when libjpeg-turbo decoded it to RGB
         without a warning; reasons when it is odd but intact.
 
     Raises:
-        BadImage: scan data ends early, the end of image is missing, or the entropy-coded
-            data is corrupt.
+        BadImage: the scan data is corrupt or ends early, or the end of image is missing.
     """
-    import simplejpeg
-
     frame = jpeg_frame(data)
     colorspace = "CMYK" if frame is not None and frame[2] == 4 else "RGB"
-    try:
-        arr = simplejpeg.decode_jpeg(data, colorspace=colorspace, strict=True)
-    except ValueError as exc:
-        msg = str(exc)
-        low = msg.lower()
-        if "extraneous bytes" in low:
-            return [f"JPEG with extraneous bytes ({msg})"], None
-        if "unsupported" in low or "not supported" in low:
-            return [], None  # libjpeg-turbo's TurboJPEG API cannot decode it: Pillow decides
-        if "premature end of jpeg file" in low:
-            raise BadImage(f"damaged JPEG: truncated, the file ends before its image data does ({msg})") from None
-        if "premature end of data segment" in low:
-            raise BadImage(f"damaged JPEG: its scan data ends early, the file was cut and possibly "
-                           f"'repaired' ({msg})") from None
-        if any(word in low for word in _JPEG_DAMAGE) or "corrupt" in low:
-            raise BadImage(f"damaged JPEG: {msg}") from None
-        return [f"JPEG libjpeg-turbo warns about ({msg})"], None
-    return [], (arr if colorspace == "RGB" else None)
+    arr, msg = _strict_jpeg(data, colorspace)
+    if msg is None:
+        return [], (arr if colorspace == "RGB" else None)
+    cleaned, dropped = jpeg_header_cleaned(data)
+    if cleaned != data:
+        _, again = _strict_jpeg(cleaned, colorspace)
+        if again is None:
+            what = (f"{dropped} stray bytes between its header segments" if dropped
+                    else "malformed ICC profile markers")
+            return [f"JPEG with {what}, pixels intact (libjpeg-turbo: {msg})"], None
+        msg = again
+    low = msg.lower()
+    if any(word in low for word in _JPEG_METADATA):
+        return [f"JPEG with odd metadata, pixels intact (libjpeg-turbo: {msg})"], None
+    if "extraneous bytes" in low:
+        raise BadImage(f"damaged JPEG: its scan data ends before the decoder expected, the decoder lost "
+                       f"sync (bit rot or a corrupted copy) ({msg})") from None
+    if "premature end of jpeg file" in low:
+        raise BadImage(f"damaged JPEG: truncated, the file ends before its image data does ({msg})") from None
+    if "premature end of data segment" in low:
+        raise BadImage(f"damaged JPEG: its scan data ends early, the file was cut and possibly "
+                       f"'repaired', or its data is corrupt ({msg})") from None
+    if "unsupported marker" in low:
+        raise BadImage(f"damaged JPEG: an invalid marker inside its data ({msg})") from None
+    if "unsupported" in low or "not supported" in low or "sorry" in low:
+        return [], None  # a coding libjpeg-turbo's TurboJPEG API cannot decode: Pillow decides
+    raise BadImage(f"damaged JPEG: {msg}") from None

@@ -30,11 +30,16 @@ Damaged versus odd (``prepare`` skips the first, canonicalises the second):
   file (ancillary chunks with a bad CRC are dropped: Pillow refuses them, the pixels do
   not need them) or data after the zlib stream is odd. A file cut after its image data
   (inside IEND) is refused by Pillow's strict decode, and so skipped.
-* JPEG: decoded by libjpeg-turbo (simplejpeg) in strict mode. "Premature end of data
-  segment" (also when an end marker was appended to a cut file), "premature end of JPEG
-  file" (no end marker), and corrupt entropy data (bad Huffman codes, ...) are damage. "Extraneous bytes before
-  a marker" is odd. Limitation: libjpeg stops at its first warning, so a file whose first
-  problem is extraneous bytes is not searched for later damage.
+* JPEG: decoded by libjpeg-turbo (simplejpeg) in strict mode. A warning about the header
+  (stray bytes between segments before the scan, malformed ICC profile markers, an unknown
+  JFIF revision or Adobe transform) is odd, once the file decodes without a warning with
+  those stray bytes and ICC markers set aside. Any warning from the scan data is damage:
+  "N extraneous bytes before marker" EOI/RSTn/DHT/SOS (the decoder lost sync, as bit rot
+  does), "premature end of data segment" (also when an end marker was appended to a cut
+  file), "premature end of JPEG file" (no end marker), bad Huffman codes, wrong restart
+  markers, unknown markers. Measured on intact and bit-rotted files by
+  ``tools/jpeg_damage_table.py`` (docs/jpeg-damage.md). Limit: a change to the scan data
+  that decodes without a warning (to other pixels) cannot be told from an intact file.
 * Decompression bombs (over ``max_pixels``), empty files, files Pillow cannot open
   (including 12-bit JPEGs, which Pillow and so ``ImageFolder`` cannot read) are bad.
 
