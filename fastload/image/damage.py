@@ -19,7 +19,8 @@ import numpy as np
 
 from fastload.image.formats import BadImage, jpeg_frame
 
-__all__ = ["png_damage", "png_without_bad_chunks", "jpeg_damage", "jpeg_header_cleaned", "DROP_BAD_CHUNKS"]
+__all__ = ["png_damage", "png_without_bad_chunks", "jpeg_damage", "jpeg_header_cleaned", "bad_crc_chunks",
+           "DROP_BAD_CHUNKS"]
 
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
@@ -45,15 +46,15 @@ def png_damage(data: bytes) -> list[str]:
         length, kind = struct.unpack(">I4s", data[pos:pos + 8])
         end = pos + 12 + length
         if length > 0x7FFFFFFF or end > n:
+            where = _chunk_at(kind, pos, length, n)
             if kind == b"IDAT" or not after_idat:
-                raise BadImage(f"damaged PNG: cut short inside its {kind.decode('latin-1')!r} chunk "
-                               "(the image data is incomplete)")
-            odd.append(f"PNG cut short after its image data (inside {kind.decode('latin-1')!r})")
+                raise BadImage(f"damaged PNG: cut short {where} (the image data is incomplete)")
+            odd.append(f"PNG cut short after its image data ({where})")
             break
         body = data[pos + 8:pos + 8 + length]
         (crc,) = struct.unpack(">I", data[pos + 8 + length:end])
         if zlib.crc32(kind + body) != crc:
-            odd.append(f"PNG chunk {kind.decode('latin-1')!r} has a bad CRC")
+            odd.append(f"PNG {_chunk_name(kind, pos)} has a bad CRC")
             if kind[:1].islower():  # ancillary: Pillow refuses the file, the pixels do not need it
                 odd.append(DROP_BAD_CHUNKS)
         if kind == b"IHDR":
@@ -102,6 +103,39 @@ def png_damage(data: bytes) -> list[str]:
 
 
 DROP_BAD_CHUNKS = "drop ancillary chunks with bad CRCs"
+
+
+def _chunk_name(kind: bytes, pos: int) -> str:
+    """A chunk named readably: its type when that is four ASCII letters (as every real one is),
+    else where it is and the bytes that stand in for a type (a garbled length or type)."""
+    if kind.isascii() and kind.isalpha() and len(kind) == 4:
+        return f"chunk {kind.decode('ascii')}"
+    return f"chunk at byte {pos:,} with an unreadable type (bytes {kind.hex(' ')})"
+
+
+def _chunk_at(kind: bytes, pos: int, length: int, n: int) -> str:
+    """Where a PNG broke off, readably: the chunk (or, for a header that is garbage, its offset
+    and bytes), the length it claims and how many bytes the file has left."""
+    left = max(0, n - pos - 8)
+    if kind.isascii() and kind.isalpha() and len(kind) == 4:
+        return f"inside its {kind.decode('ascii')} chunk at byte {pos:,} (it claims {length:,} bytes; {left:,} are left)"
+    return (f"at byte {pos:,}, where the next chunk header is unreadable (type bytes {kind.hex(' ')}, claimed "
+            f"length {length:,}; {left:,} bytes are left)")
+
+
+def bad_crc_chunks(data: bytes) -> list[str]:
+    """Types of the ancillary chunks whose CRC is wrong (those ``png_without_bad_chunks`` leaves out)."""
+    out, pos = [], 8
+    while pos + 12 <= len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        end = pos + 12 + length
+        if end > len(data):
+            break
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        if kind[:1].islower() and zlib.crc32(kind + body) != struct.unpack(">I", data[end - 4:end])[0]:
+            out.append(_chunk_name(kind, pos).removeprefix("chunk "))
+        pos = end
+    return out
 
 
 def png_without_bad_chunks(data: bytes) -> bytes:
