@@ -118,7 +118,8 @@ def _chunk_at(kind: bytes, pos: int, length: int, n: int) -> str:
     and bytes), the length it claims and how many bytes the file has left."""
     left = max(0, n - pos - 8)
     if kind.isascii() and kind.isalpha() and len(kind) == 4:
-        return f"inside its {kind.decode('ascii')} chunk at byte {pos:,} (it claims {length:,} bytes; {left:,} are left)"
+        return (f"inside its {kind.decode('ascii')} chunk at byte {pos:,} (it claims {length:,} bytes; "
+                f"{left:,} are left)")
     return (f"at byte {pos:,}, where the next chunk header is unreadable (type bytes {kind.hex(' ')}, claimed "
             f"length {length:,}; {left:,} bytes are left)")
 

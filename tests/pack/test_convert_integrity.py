@@ -5,12 +5,13 @@ a store opened while it is being written."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import struct
 import subprocess
 import sys
 import textwrap
-import zlib
+import time
 
 import numpy as np
 import pytest
@@ -94,8 +95,6 @@ def test_salvaged_png_is_named_in_the_report_and_the_output(tmp_path):
     assert result.exit_code == 0, result.output
     assert "salvaged 1" in result.output
     assert "a/fixed.png: salvaged: left out ancillary PNG chunk(s) tEXt with a bad CRC" in result.output
-    import json
-
     report = json.loads((tmp_path / "store" / "report.json").read_text())
     assert [s["relpath"] for s in report["salvaged"]] == ["a/fixed.png"]
     assert "plain.png" not in result.output
@@ -195,8 +194,6 @@ def test_opening_a_store_while_it_is_being_written_says_so(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        import time
-
         deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None and time.monotonic() < deadline
