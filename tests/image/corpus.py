@@ -149,6 +149,16 @@ def _padded_header(jpeg: bytes) -> bytes:
     return jpeg[:i] + b"\0" * 7 + jpeg[i:]
 
 
+def _icc_after_sof(gray_jpeg: bytes) -> bytes:
+    """ICC profile markers before and after the SOF (a camera's layout): libjpeg-turbo says "bad ICC
+    marker", a metadata warning; Pillow and torchvision decode the pixels."""
+    body = b"ICC_PROFILE\0\x01\x01" + _icc()
+    app2 = b"\xff\xe2" + struct.pack(">H", len(body) + 2) + body
+    i = gray_jpeg.index(b"\xff\xc0")
+    sof_end = i + 2 + struct.unpack(">H", gray_jpeg[i + 2:i + 4])[0]
+    return gray_jpeg[:2] + app2 + gray_jpeg[2:sof_end] + app2 + gray_jpeg[sof_end:]
+
+
 def _ycck(cmyk_jpeg: bytes) -> bytes:
     """Pillow writes CMYK JPEGs with an Adobe APP14 marker; transform 2 makes the decoder read YCCK."""
     b = bytearray(cmyk_jpeg)
@@ -209,6 +219,7 @@ def kinds() -> list[Kind]:
         Kind("jpeg/ycck.jpg", _ycck(cmyk), "canonical"),
         Kind("jpeg/arithmetic.jpg", (DATA / "arithmetic.jpg").read_bytes(), "canonical"),
         Kind("jpeg/padded-header.jpg", _padded_header(good_jpeg), "canonical"),
+        Kind("jpeg/gray-icc-after-sof.jpg", _icc_after_sof(jpeg_bytes(base.convert("L"))), "canonical"),
         Kind("jpeg/mpo-two-frames.jpg", mpo, "canonical"),
         Kind("jpeg/png-named-jpg.jpg", good_png, "original"),
         # JPEG skipped
