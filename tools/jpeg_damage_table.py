@@ -99,6 +99,9 @@ def intact_set(photos: int) -> dict[str, bytes]:
     sof = _segment_end(gray, b"\xff\xc0")
     out["gray-icc-after-sof-malformed"] = gray[:2] + _icc_app2(1, 1) + gray[2:sof] + _icc_app2(1, 1) + gray[sof:]
     out["gray-icc-after-sof"] = gray[:sof] + _icc_app2(1, 1) + gray[sof:]
+    sos = plain.index(b"\xff\xda")
+    se = sos + 5 + 2 * plain[sos + 4] + 1
+    out["sequential-sos-se-0"] = plain[:se] + b"\0" + plain[se + 1:]  # some encoders write Se=0; decoders ignore it
     for f in sorted((ROOT / "tests" / "image" / "data").glob("*.jpg")):
         out[f"fixture-{f.stem}"] = f.read_bytes()
     return out

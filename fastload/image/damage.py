@@ -190,14 +190,17 @@ def _strict_jpeg(data: bytes, colorspace: str) -> tuple[np.ndarray | None, str |
         return None, str(exc)
 
 
-def jpeg_header_cleaned(data: bytes) -> tuple[bytes, int]:
-    """The JPEG with the stray bytes between its header segments (before the first scan) and
-    its ICC profile markers left out; the number of stray bytes dropped.
+def jpeg_header_cleaned(data: bytes) -> tuple[bytes, list[str]]:
+    """The JPEG with what libjpeg-turbo warns about in its header but does not need set aside,
+    and what was set aside.
 
-    Neither carries pixels: stray bytes there are an encoder's padding, and libjpeg-turbo's
-    "bad ICC marker" is a metadata warning. Everything from the first SOS on is kept as is.
+    That is: stray bytes between the header segments (before the first scan; an encoder's
+    padding), ICC profile markers (libjpeg-turbo's "bad ICC marker" is about metadata), and,
+    in a sequential JPEG, scan headers whose spectral selection or approximation fields are
+    not 0/63/0 ("Invalid SOS parameters for sequential JPEG": a sequential decode ignores
+    them). Everything else, the entropy-coded data above all, is kept byte for byte.
     """
-    out, pos, n, dropped = [data[:2]], 2, len(data), 0
+    out, pos, n, dropped, icc = [data[:2]], 2, len(data), 0, False
     while pos < n:
         if data[pos] != 0xFF or pos + 1 >= n or data[pos + 1] == 0x00:
             nxt = pos + 1
@@ -223,18 +226,36 @@ def jpeg_header_cleaned(data: bytes) -> tuple[bytes, int]:
             out.append(data[pos:])
             break
         end = pos + 2 + struct.unpack(">H", data[pos + 2:pos + 4])[0]
-        if not (marker == 0xE2 and data[pos + 4:pos + 16] == b"ICC_PROFILE\0"):
+        if marker == 0xE2 and data[pos + 4:pos + 16] == b"ICC_PROFILE\0":
+            icc = True
+        else:
             out.append(data[pos:end])
         pos = end
-    return b"".join(out), dropped
+    cleaned = bytearray(b"".join(out))
+    notes = [f"{dropped} stray bytes between its header segments"] if dropped else []
+    if icc:
+        notes.append("ICC profile markers")
+    frame = jpeg_frame(data)
+    if frame is not None and frame[0] in (0xC0, 0xC1, 0xC9):  # sequential: Ss, Se, Ah/Al are fixed
+        fixed, at = False, 0
+        while (i := cleaned.find(b"\xff\xda", at)) >= 0:  # entropy-coded data never holds FF DA
+            at = i + 2
+            p = i + 5 + 2 * (cleaned[i + 4] if i + 4 < len(cleaned) else 0)
+            if p + 3 <= len(cleaned) and bytes(cleaned[p:p + 3]) != b"\x00\x3f\x00":
+                cleaned[p:p + 3] = b"\x00\x3f\x00"
+                fixed = True
+        if fixed:
+            notes.append("scan headers with invalid parameters for a sequential JPEG")
+    return bytes(cleaned), notes
 
 
 def jpeg_damage(data: bytes) -> tuple[list[str], np.ndarray | None]:
     """Decode a JPEG with libjpeg-turbo in strict mode; sort its warning into damage or oddity.
 
     libjpeg-turbo stops at its first warning, so a warning about the header (stray bytes
-    between segments, a malformed ICC profile marker) is checked by decoding again without
-    them (``jpeg_header_cleaned``): only a clean decode of the rest makes the file odd. A
+    between segments, a malformed ICC profile marker, invalid scan-header fields of a
+    sequential JPEG) is checked by decoding again with those set aside
+    (``jpeg_header_cleaned``): only a clean decode of the rest makes the file odd. A
     warning from the scan data is damage: "N extraneous bytes before marker 0xd9 / RSTn /
     DHT / SOS" there means the scan ended before its data did (the decoder lost sync, as bit
     rot does), and bad Huffman codes, wrong restart markers, unknown markers and premature
@@ -252,13 +273,12 @@ def jpeg_damage(data: bytes) -> tuple[list[str], np.ndarray | None]:
     arr, msg = _strict_jpeg(data, colorspace)
     if msg is None:
         return [], (arr if colorspace == "RGB" else None)
-    cleaned, dropped = jpeg_header_cleaned(data)
+    cleaned, notes = jpeg_header_cleaned(data)
     if cleaned != data:
         _, again = _strict_jpeg(cleaned, colorspace)
         if again is None:
-            what = (f"{dropped} stray bytes between its header segments" if dropped
-                    else "malformed ICC profile markers")
-            return [f"JPEG with {what}, pixels intact (libjpeg-turbo: {msg})"], None
+            return [f"JPEG whose header libjpeg-turbo warns about ({msg}); with its {' and '.join(notes)} "
+                    "set aside it decodes cleanly"], None
         msg = again
     low = msg.lower()
     if any(word in low for word in _JPEG_METADATA):

@@ -31,9 +31,9 @@ Damaged versus odd (``prepare`` skips the first, canonicalises the second):
   not need them) or data after the zlib stream is odd. A file cut after its image data
   (inside IEND) is refused by Pillow's strict decode, and so skipped.
 * JPEG: decoded by libjpeg-turbo (simplejpeg) in strict mode. A warning about the header
-  (stray bytes between segments before the scan, malformed ICC profile markers, an unknown
-  JFIF revision or Adobe transform) is odd, once the file decodes without a warning with
-  those stray bytes and ICC markers set aside. Any warning from the scan data is damage:
+  (stray bytes between segments before the scan, malformed ICC profile markers, scan-header
+  fields a sequential decode ignores, an unknown JFIF revision or Adobe transform) is odd,
+  once the file decodes without a warning with those set aside. Any warning from the scan data is damage:
   "N extraneous bytes before marker" EOI/RSTn/DHT/SOS (the decoder lost sync, as bit rot
   does), "premature end of data segment" (also when an end marker was appended to a cut
   file), "premature end of JPEG file" (no end marker), bad Huffman codes, wrong restart

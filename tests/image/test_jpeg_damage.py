@@ -93,3 +93,15 @@ def test_grayscale_jpeg_with_icc_markers_after_sof_is_stored():
     assert p.stored_as == "canonicalised"
     assert np.array_equal(decode_rgb(odd), np.asarray(Image.open(io.BytesIO(odd)).convert("RGB")))
     assert np.abs(decode_rgb(p.data).astype(int) - decode_rgb(odd)).mean() < 2.0
+
+
+def test_invalid_sos_parameters_of_a_sequential_jpeg_are_an_oddity():
+    good = _photo_jpeg(6)
+    sos = good.index(b"\xff\xda")
+    se = sos + 5 + 2 * good[sos + 4] + 1
+    odd = good[:se] + b"\0" + good[se + 1:]  # Se=0: a sequential decode ignores it
+    assert "Invalid SOS parameters" in (_libjpeg_warns(odd) or "")
+    p = prepare(odd)
+    assert p.stored_as == "canonicalised" and "invalid parameters for a sequential JPEG" in p.reason
+    with pytest.raises(BadImage, match="damaged JPEG"):  # damage behind it is still found
+        prepare(_rotted(odd, 5))
