@@ -105,3 +105,20 @@ def test_invalid_sos_parameters_of_a_sequential_jpeg_are_an_oddity():
     assert p.stored_as == "canonicalised" and "invalid parameters for a sequential JPEG" in p.reason
     with pytest.raises(BadImage, match="damaged JPEG"):  # damage behind it is still found
         prepare(_rotted(odd, 5))
+
+
+def test_the_damage_table_finds_no_false_skip_and_no_warned_false_store():
+    """tools/jpeg_damage_table.py, small: every intact kind is kept, every rotted copy libjpeg-turbo
+    warns about is skipped (docs/jpeg-damage.md has the full-size run)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "jpeg_damage_table.py"
+    spec = importlib.util.spec_from_file_location("jpeg_damage_table", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    rows = tool.run(copies=2, seed=1, photos=3)
+    assert rows["intact_total"] >= 20 and rows["false_skips"] == []
+    warned_stored = {said: c["stored"] for said, c in rows["rot"].items() if not said.endswith("clean") and c["stored"]}
+    assert warned_stored == {}
+    assert sum(c["skipped"] for c in rows["rot"].values()) >= rows["rot_total"] // 2
