@@ -127,7 +127,8 @@ def lock_holder(path: Path) -> str | None:
     if held is not None:  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:56789 0 EOF" (waiters have "->")
         for line in held.splitlines():
             f = line.split()
-            if len(f) >= 6 and f[1] == "FLOCK" and f[3] == "WRITE" and f[5].rsplit(":", 1)[-1] == str(ino):
+            # FLOCK, or POSIX where a file system (NFS) emulates flock with fcntl locks
+            if len(f) >= 6 and f[1] in ("FLOCK", "POSIX") and f[3] == "WRITE" and f[5].rsplit(":", 1)[-1] == str(ino):
                 return owner
         return None
     m = re.match(r"pid (\d+) on (\S+),", owner)
