@@ -18,7 +18,8 @@ XOR-ed with a random non-zero value, seeded). Every file goes through
 
 For a stored rotted copy the PSNR of what was stored against the intact file's pixels
 says how far from the original it is. Run it against another checkout with
-``PYTHONPATH=/that/checkout`` to compare rules.
+``PYTHONPATH=/that/checkout`` to compare rules (the breakdown's labels come from this
+checkout either way).
 
 Must not: be imported by the package (a tool, run by hand).
 """
@@ -26,6 +27,7 @@ Must not: be imported by the package (a tool, run by hand).
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import re
 import struct
@@ -119,16 +121,25 @@ def rotted(data: bytes, rng: np.random.Generator) -> tuple[bytes, int]:
 
 def libjpeg_says(data: bytes) -> str:
     """libjpeg-turbo's first strict-mode complaint, with numbers folded ('clean' when none); when
-    it is about the header, what it says about the rest once the header's stray bytes and ICC
-    markers are set aside (with a checkout that has ``jpeg_header_cleaned``)."""
+    it is about the header, what it says about the rest once the header's stray bytes, ICC
+    markers and sequential scan-header fields are set aside."""
     first = _first_complaint(data)
-    try:
-        from fastload.image.damage import jpeg_header_cleaned
-    except ImportError:
-        return first
-    cleaned, _ = jpeg_header_cleaned(data)
+    cleaned, _ = _cleaner()(data)
     then = _first_complaint(cleaned) if cleaned != data else first
     return first if then == first else f"{first}; header set aside: {then}"
+
+
+@functools.lru_cache(maxsize=1)
+def _cleaner():
+    """``jpeg_header_cleaned`` from this tool's own checkout, so that the breakdown labels the same
+    files the same way whichever checkout's ``prepare`` is measured."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_table_damage", ROOT / "fastload" / "image" / "damage.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module.jpeg_header_cleaned
 
 
 def _first_complaint(data: bytes) -> str:
