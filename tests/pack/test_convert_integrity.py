@@ -168,9 +168,9 @@ def test_a_jpeg_as_src_is_told_what_a_source_is(tmp_path):
 
 _SLOW_HANDLER = textwrap.dedent("""
     import os, time
-    from fastload.image.policy import prepare_file as real
+    from fastload.pack.work import prepare_item as real
 
-    def prepare_file(path, options):
+    def prepare_item(path, options):
         if os.path.basename(path).startswith("slow"):
             time.sleep(120)  # a conversion that is alive, mid-way
         return real(path, options)
@@ -186,7 +186,7 @@ def test_opening_a_store_while_it_is_being_written_says_so(tmp_path):
     (tmp_path / "slow_handler.py").write_text(_SLOW_HANDLER)
     script = textwrap.dedent(f"""
         import fastload.pack.convert as c
-        c._HANDLER = "slow_handler:prepare_file"
+        c._HANDLER = "slow_handler:prepare_item"
         c.convert({str(tmp_path / 'src')!r}, {str(tmp_path / 'store')!r},
                   c.ConvertOptions(progress=False, workers=1, chunk_size=1))
     """)
