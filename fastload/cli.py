@@ -470,33 +470,60 @@ def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--steps", type=click.IntRange(min=1), default=200, show_default=True,
               help="Measured steps after warm-up; then the command is ended.")
-@click.option("--until-end", is_flag=True, help="Measure until the command ends (no --steps limit).")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Measured seconds after warm-up; then the command is ended (whichever of --steps and --seconds "
+                   "comes first).")
+@click.option("--until-end", is_flag=True, help="Measure until the command ends (no --steps or --seconds limit).")
 @click.option("--warmup", type=click.IntRange(min=0), default=5, show_default=True, help="Steps not measured.")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="Output folder [default: runs/profile-<timestamp>].")
 @click.option("--headspace", is_flag=True,
               help="Rerun with the training loader replaying its first batches from memory: the perfect-loader bound.")
+@click.option("--verify-fix", is_flag=True,
+              help="Rerun with the top change fastload can apply from outside (worker count, pin_memory) and print "
+                   "predicted vs measured.")
 @click.option("--kineto-steps", type=click.IntRange(min=0), default=20, show_default=True,
               help="On CUDA, steps traced with torch.profiler for the GPU timeline (0: off).")
 @click.option("--tensorboard", type=click.Path(path_type=Path), default=None,
               help="Also write per-step scalars to this TensorBoard log dir (needs tensorboard).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @_friendly
-def profile(steps, until_end, warmup, out, headspace, kineto_steps, tensorboard, command) -> None:
+def profile(steps, seconds, until_end, warmup, out, headspace, verify_fix, kineto_steps, tensorboard,
+            command) -> None:
     """Run COMMAND unchanged and say where its training step waits: `fastload profile -- python train.py`.
 
     COMMAND is `python script.py ...`, `python -m pkg.train ...` or `torchrun ... script.py ...`.
     A step is one next() on the training loader (the DataLoader that yields most batches).
     Writes profile.json, profile.png, trace.json (and kineto-rank<R>.json on CUDA) to --out.
+    Exits with the command's own exit status when it failed.
+
+    `fastload profile compare A/profile.json B/profile.json` prints two profiles side by side.
     """
+    from fastload.errors import ProfileError
+    from fastload.measure._profile_compare import is_compare_call, read_profile
     from fastload.measure.profile import ProfileOptions, format_summary, run_profile
 
-    opts = ProfileOptions(out=out, steps=None if until_end else steps, warmup=warmup, headspace=headspace,
-                          kineto_steps=kineto_steps, tensorboard=tensorboard)
-    summary = run_profile(list(command), opts)
+    if is_compare_call(command):
+        from fastload.measure._profile_compare import compare_profiles
+
+        click.echo(compare_profiles(read_profile(Path(command[1])), read_profile(Path(command[2])),
+                                    names=(command[1], command[2])))
+        return
+    opts = ProfileOptions(out=out, steps=None if until_end else steps, seconds=None if until_end else seconds,
+                          warmup=warmup, headspace=headspace, verify_fix=verify_fix, kineto_steps=kineto_steps,
+                          tensorboard=tensorboard)
+    try:
+        summary = run_profile(list(command), opts)
+    except ProfileError as exc:
+        if exc.exit_status:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_status)
+        raise
     click.echo(format_summary(summary))
     click.echo(f"results: {summary['out']}/profile.json, " + ", ".join(
         f for f in summary["files"] if f != "profile.json"))
+    if summary.get("exit_status"):
+        sys.exit(summary["exit_status"])
 
 
 @main.group()
@@ -584,10 +611,23 @@ def recipe_run(recipe_file: Path, out: Path | None, steps, warmup, batch_size, i
 @click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @_friendly
 def recipe_compare(a: Path, b: Path) -> None:
-    """Print two results.json side by side, stage by stage, with B/A ratios ("~": intervals overlap)."""
+    """Print two results.json side by side, stage by stage, with B/A ratios ("~": intervals overlap).
+
+    Two profile.json files (from `fastload profile`) are compared as `fastload profile compare` does.
+    """
+    from fastload.measure._profile_compare import compare_profiles, read_result_or_profile
     from fastload.measure.report import compare_results
 
-    click.echo(compare_results(json.loads(a.read_text()), json.loads(b.read_text())))
+    (kind_a, ra), (kind_b, rb) = read_result_or_profile(a), read_result_or_profile(b)
+    if kind_a == kind_b == "profile":
+        click.echo(compare_profiles(ra, rb, names=(str(a), str(b))))
+        return
+    if kind_a != kind_b:
+        wrong, kind = (a, kind_a) if kind_a == "profile" else (b, kind_b)
+        raise click.ClickException(f"{wrong} is a profile.json (from `fastload profile`), the other a recipe's "
+                                   "results.json: they cannot be compared\nHINT: compare two results.json, or "
+                                   "two profile.json with `fastload profile compare A/profile.json B/profile.json`")
+    click.echo(compare_results(ra, rb))
 
 
 @bench.command("serve")

@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fastload.measure._snippet import loader_snippet, store_snippet, uint8_snippet
 from fastload.stats import percentiles
 
 INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
@@ -33,11 +34,42 @@ PARTS = {"read": "opening files (PIL Image.open)", "decode": "image decode in PI
          "transform": "torchvision transforms", "other": "the dataset's own code outside PIL and transforms"}
 
 
+def read_steps_file(path: Path) -> dict[str, Any] | None:
+    """A probe record rebuilt from the append-only ``steps-rank<R>-<pid>.jsonl`` of a process that ended
+    abruptly (``os._exit``, SIGKILL, an OOM kill) before writing its probe file; None if it holds no step.
+
+    A line cut short by the kill is ignored; the worker CPU and the GPU timeline are not in this file.
+    """
+    head: dict[str, Any] | None = None
+    tracks: dict[int, dict[str, Any]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "process" in row:
+            head = row["process"]
+        elif isinstance(row, dict) and "track" in row:
+            tracks[row["track"]] = {k: v for k, v in row.items() if k != "track"}
+            tracks[row["track"]].update(steps=[], worker_pids=[], event_idle=None)
+        elif isinstance(row, list) and row and row[0] in tracks:
+            tracks[row[0]]["steps"].append(row[1:])
+    if head is None or not any(t["steps"] for t in tracks.values()):
+        return None
+    return {**head, "cuda": None, "ended": "abrupt", "training": None, "tracks": list(tracks.values()),
+            "worker_cpu": {}, "kineto": None}
+
+
 def read_files(out: Path) -> tuple[dict[int, dict], dict[int, list[dict]]]:
-    """The probe file with most steps per rank, and every samples file per rank."""
+    """The probe file with most steps per rank (a process that ended abruptly: its steps file), and every
+    samples file per rank."""
     ranks: dict[int, dict] = {}
-    for path in sorted(out.glob("probe-rank*.json")):
-        data = json.loads(path.read_text())
+    written = {p.name[len("probe-"):-len(".json")] for p in out.glob("probe-rank*.json")}
+    abrupt = [p for p in sorted(out.glob("steps-rank*.jsonl")) if p.name[len("steps-"):-len(".jsonl")] not in written]
+    for path in sorted(out.glob("probe-rank*.json")) + abrupt:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else read_steps_file(path)
+        if data is None:
+            continue
         best = ranks.get(data["rank"])
         steps = max((len(t["steps"]) for t in data["tracks"]), default=0)
         if best is None or steps > max((len(t["steps"]) for t in best["tracks"]), default=0):
@@ -103,15 +135,31 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
         shm = {"total_bytes": usage.total, "free_bytes": usage.free, "needed_bytes": need, "ok": need <= usage.free}
     kineto = probe.get("kineto") or None
     wait_fraction = wait / wall if wall > 0 else 0.0
+    step_s = [s[2] for s in steps]
+    mean = wall / len(steps) if steps else 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in step_s) / (len(steps) - 1)) if len(steps) > 1 else 0.0
+    # the step's own part (next() returned .. next call): its wall time and the process's CPU time in it
+    own = [s for s in steps if len(s) >= 6]
+    own_wall = sum(s[2] - s[1] for s in own)
+    step_cpu = None
+    if own and own_wall > 0:
+        step_cpu = {"cpu_s": sum(s[4] for s in own) / len(own), "main_thread_cpu_s": sum(s[5] for s in own) / len(own),
+                    "wall_s": own_wall / len(own), "cores": sum(s[4] for s in own) / own_wall,
+                    "main_thread_share": sum(s[5] for s in own) / own_wall}
     fig: dict[str, Any] = {
         "rank": probe["rank"], "steps": len(steps), "warmup": warmup, "ended": probe["ended"],
         "images_per_s": images / wall if wall > 0 else 0.0, "steps_per_s": len(steps) / wall if wall > 0 else 0.0,
         "images_per_step": images / len(steps) if steps else 0.0,
+        "step_stats": {"n": len(steps), "mean_s": mean, "sd_s": sd,
+                       "wait_mean_s": wait / len(steps) if steps else 0.0},
+        "step_cpu": step_cpu, "applied": probe.get("applied") or {},
+        "seconds_limit": probe.get("seconds_limit"),
         "data_wait_fraction": wait_fraction, "compute_fraction": 1.0 - wait_fraction,
         "percentiles_ms": {"step": {k: v * 1e3 for k, v in percentiles([s[2] for s in steps]).items()},
                            "data_wait": {k: v * 1e3 for k, v in percentiles([s[1] for s in steps]).items()}},
         "loader": {"key": track["key"], "class": meta.get("class"), "num_workers": workers,
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
+                   "created_at": meta.get("created_at"),
                    "prefetch_factor": meta.get("prefetch_factor"), "batch_size": meta.get("batch_size"),
                    "persistent_workers": meta.get("persistent_workers"), "batch_bytes": batch_bytes,
                    "worker_cpu_util": util, "worker_cpu_util_mean": sum(util) / len(util) if util else None,
@@ -153,19 +201,68 @@ def merge_ranks(figs: list[dict]) -> dict[str, Any]:
     return summary
 
 
-def _predict(n: int, c: float, tb: float, tcpu: float, cpus: int) -> float:
-    return c + tb if n == 0 else max(c, tb / n, tcpu / cpus)
+def predict_step(n: int, *, c: float, tb: float, tcpu: float, cpus: int, step_cores: float = 0.0) -> float:
+    """Predicted seconds per step with ``n`` loader workers (see the module doc's model).
+
+    Args:
+        n: worker processes (0: loading inside the training process, before each step).
+        c: the step's own wall time (a perfect loader's step).
+        tb: one batch's loading time on one CPU; tcpu: the part of it spent on a CPU.
+        cpus: CPUs this training process may use.
+        step_cores: CPUs the step itself keeps busy (its CPU time / its wall time).
+    """
+    if n == 0:
+        return c + tb
+    c_cpu = c * step_cores
+    floor = max(c, tb / n, (c_cpu + tcpu) / cpus)
+
+    def f(t: float) -> float:
+        # a multi-threaded step (OpenMP) runs at the pace of its slowest thread: every core a busy worker
+        # takes, even in part, is lost to it; the step keeps max(1, cpus - those cores) of its threads' pace
+        load = min(n, tcpu / t)
+        free = max(1, cpus - math.ceil(load - 0.05))
+        return max(floor, c * max(1.0, step_cores / free))
+
+    lo, hi = floor, max(floor, f(floor)) + 1e-12
+    for _ in range(60):  # f falls as t grows: t = f(t) has one root between floor and f(floor)
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) > mid else (lo, mid)
+    return hi
+
+
+def change_to_verify(s: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``--verify-fix`` applies: the top recommendation fastload can apply from outside, else (nothing
+    to apply, e.g. CPU-bound training) the worker count a user would try, with its predicted ratio."""
+    for r in s["recommendations"]:
+        if r.get("apply"):
+            return {**r, "verify_why": "the top recommendation that can be applied from outside"}
+    for p in s.get("predictions", []):
+        if p.get("apply") and p["apply"].get("num_workers") != s["loader"]["num_workers"]:
+            return {**p, "verify_why": "no recommendation to apply: checking the prediction that this worker "
+                                       "count does not help"}
+    return None
+
+
+def _workers_value(n: int, plan_workers: int) -> Any:
+    return "auto" if n == plan_workers and n > 0 else n
 
 
 def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[str, list[dict[str, Any]]]:
-    """The verdict and the ranked ``{change, why, expected_gain, stage}`` list for a summary."""
+    """The verdict and the ranked ``{change, why, expected_gain, stage, code, apply}`` list for a summary.
+
+    Also sets ``s["predictions"]``: the predicted images/s ratio of every worker count tried.
+    """
     wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
     cuda = s["idle_source"] in ("cuda", "cuda-events")
     where = (f"the GPU was idle {idle:.0%} of measured time, {bound * 100:.0f} points of it while the training loop "
              "waited for the DataLoader" if cuda else
-             f"the training loop waited for data {wait:.0%} of measured time (no CUDA timeline: host clocks; the "
-             "device is idle whenever the step waits)")
+             f"the training loop waited for data {wait:.0%} of measured time (host clocks"
+             + ("; no CUDA timeline: the GPU is idle at least while the step waits)" if has_gpu else
+                "; no GPU: the step computes on the same CPUs as the loading)"))
     recs: list[dict[str, Any]] = []
+    s["predictions"] = []
+    loader = s["loader"]
+    created = loader.get("created_at")
     if bound < INPUT_BOUND:
         host_idle = idle - bound if cuda else 0.0
         if host_idle >= 0.15:
@@ -179,12 +276,15 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         kind = "host-bound" if host_idle >= 0.15 else "compute-bound"
         return f"{kind}: {where}; faster loading will not help", recs
 
-    loader, samples = s["loader"], s["samples"]
+    samples = s["samples"]
     T = 1.0 / s["steps_per_s"]
     cap = 1.0 / max(1e-9, 1.0 - bound)
     c = T * (1.0 - bound)
     w_now, cpus = loader["num_workers"], loader["cpus_per_process"]
+    step_cpu = s.get("step_cpu")
+    cores = step_cpu["cores"] if step_cpu else 0.0  # unknown (older probe): the step is taken to use no CPU
     details = []
+    cpu_bound_verdict = None
     if samples:
         tb = s["images_per_step"] * samples["per_sample_ms"] / 1e3
         share = samples["cpu_share"]
@@ -192,9 +292,17 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         parts = samples["parts"]
         top = max(parts, key=parts.get)
         details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
+        if step_cpu:
+            details.append(f"the step itself keeps {cores:.1f} of {cpus} CPUs busy"
+                           + ("" if has_gpu else " (the model's compute on the CPU)")
+                           if not has_gpu else f"the step's host side (kernel launches, Python) keeps {cores:.1f} "
+                           f"of {cpus} CPUs busy")
 
-        def gain(tb_new: float, tcpu_new: float, n: int = w_now) -> float:
-            return min(cap, T / _predict(n, c, tb_new, tcpu_new, cpus))
+        def step_time(n: int, tb_new: float = tb, tcpu_new: float = tcpu) -> float:
+            return predict_step(n, c=c, tb=tb_new, tcpu=tcpu_new, cpus=cpus, step_cores=cores)
+
+        def gain(tb_new: float, tcpu_new: float, candidates: tuple[int, ...]) -> float:
+            return min(cap, T / min(step_time(n, tb_new, tcpu_new) for n in candidates))
 
         saturated = w_now > 0 and tcpu / cpus >= 0.9 * c
         util = loader["worker_cpu_util_mean"]
@@ -206,53 +314,95 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         if starved:
             details.append(f"samples waited for a CPU {rq:.0%} of their time: the machine is oversubscribed")
         io_bound = not starved and samples.get("blocked_share", 1.0 - share) >= 0.5
-        if tcpu / cpus >= c:
-            best = max(w_now, plan_workers)
-        elif io_bound:
-            best = min(4 * cpus, max(plan_workers, math.ceil(tb / c - 1e-9)))
-        else:
-            best = plan_workers
-        if best > w_now:
-            change = f'num_workers="auto" (-> {best})' if best == plan_workers else f"num_workers={best}"
-            why = (f"the loader runs in the training process: each step waits for {s['images_per_step']:.0f} samples "
-                   f"of {samples['per_sample_ms']:.1f} ms" if w_now == 0 else
-                   f"{w_now} workers deliver a batch every {tb / w_now * 1e3:.0f} ms; the step needs one every "
-                   f"{c * 1e3:.0f} ms")
-            if io_bound and best > plan_workers:
+        # workers beyond the plan only where samples mostly block (I/O, sleep): they overlap the waiting
+        top_n = min(4 * cpus, max(plan_workers, math.ceil(tb / c - 1e-9))) if io_bound else plan_workers
+        # the measured step is the reference for the current worker count (the model would only add its error)
+        ratio = {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)}
+        s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
+                             "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers"}
+                            for n, g in ratio.items() if n != w_now]
+        # within 2% of the best: the plan's count ("auto", which leaves its headroom), else the fewest (more
+        # would only take CPUs from the step)
+        best_gain = max(ratio.values())
+        near = [n for n, g in ratio.items() if g >= best_gain / 1.02]
+        best = plan_workers if plan_workers in near else min(near)
+        if best != w_now and ratio[best] >= 1.05:
+            value = _workers_value(best, plan_workers)
+            change = f'num_workers="auto" (-> {best})' if value == "auto" else f"num_workers={best}"
+            if best < w_now:
+                why = (f"the step keeps {cores:.1f} of {cpus} CPUs busy; {w_now} workers take CPUs it needs: "
+                       f"{best} predicted faster")
+            elif w_now == 0:
+                why = (f"the loader runs in the training process: each step waits for {s['images_per_step']:.0f} "
+                       f"samples of {samples['per_sample_ms']:.1f} ms")
+            else:
+                why = (f"{w_now} workers deliver a batch every {tb / w_now * 1e3:.0f} ms; the step needs one every "
+                       f"{c * 1e3:.0f} ms")
+            if io_bound and best > cpus:
                 why += (f"; samples spend {samples.get('blocked_share', 1 - share):.0%} of their time blocked "
                         f"(I/O, sleep), so workers beyond the {cpus} CPUs overlap the waiting")
-            recs.append({"change": change, "stage": "workers", "why": why,
-                         "expected_gain": min(cap, T / _predict(best, c, tb, tcpu, cpus))})
-        n_after = max(w_now, 1)
+            recs.append({"change": change, "stage": "workers", "why": why, "expected_gain": ratio[best],
+                         "apply": {"num_workers": best},
+                         "code": _code(created, {"num_workers": value})})
+        elif cores >= 0.75 and best_gain < 1.05:
+            tried = max(w_now + 1, plan_workers)
+            cpu_bound_verdict = (
+                f"CPU-bound training: loading and compute share {cpus} CPUs (the step keeps {cores:.1f} busy, "
+                f"loading needs {tcpu / T:.1f}); more workers cannot help "
+                f"(num_workers={tried}: predicted {ratio.get(tried, min(cap, T / step_time(tried))):.2f}x)")
+        n_after = (w_now, best)
         if parts["read"] >= 0.15:
             recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
                          "stage": "lmdb",
                          "why": f"{parts['read']:.0%} of sample time is opening and reading small files",
-                         "expected_gain": gain(tb * (1 - parts["read"]), tcpu * (1 - parts["read"]), n_after)})
+                         "expected_gain": gain(tb * (1 - parts["read"]), tcpu * (1 - parts["read"]), n_after),
+                         "code": store_snippet(created)})
         floats = samples["float_transform_share"]
         if floats >= 0.10:
             recs.append({"change": "train_transform + collate_uint8 + DevicePrefetcher (uint8 to the device, "
                                    "normalise there)", "stage": "fast",
                          "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
-                                "4x the bytes through worker queues)",
-                         "expected_gain": gain(tb * (1 - floats), tcpu * (1 - floats), n_after)})
+                                "4x the bytes through worker queues)"
+                                + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
+                         "expected_gain": gain(tb * (1 - floats), tcpu * (1 - floats), n_after)
+                         if has_gpu else 1.0, "code": uint8_snippet(created)})
         if has_gpu and saturated and parts["decode"] >= 0.25:
             cut = parts["decode"] + floats
             recs.append({"change": 'DALILoader(device="gpu") (nvJPEG decode on the GPU)', "stage": "dali-gpu",
                          "why": f"the CPUs are saturated and {parts['decode']:.0%} of sample time is JPEG decode",
-                         "expected_gain": gain(tb * (1 - cut), tcpu * (1 - cut), n_after)})
+                         "expected_gain": gain(tb * (1 - cut), tcpu * (1 - cut), n_after),
+                         "code": "from fastload.dali import DALILoader\n"
+                                 "loader = DALILoader(\"store.lmdb\", batch_size=..., device=\"gpu\")"})
     if has_gpu and loader["pinned"] is False and s.get("kineto") and s["kineto"].get("htod_copy_fraction"):
         h = s["kineto"]["htod_copy_fraction"]
         recs.append({"change": "pin_memory=True (and .to(device, non_blocking=True))", "stage": "workers",
                      "why": f"host-to-device copies from pageable memory took {h:.0%} of the window",
-                     "expected_gain": min(cap, 1.0 / (1.0 - h))})
-    if not recs:
+                     "expected_gain": min(cap, 1.0 / (1.0 - h)), "apply": {"pin_memory": True},
+                     "code": _code(created, {"pin_memory": True})})
+    recs = [r for r in recs if r["expected_gain"] >= 1.02]  # a change predicted to gain nothing is no advice
+    if cpu_bound_verdict:
+        recs.append({"change": "none on the loading side: make the step cheaper (smaller model or batch, "
+                               "torch.compile), or train on a GPU", "stage": None, "expected_gain": 1.0,
+                     "why": cpu_bound_verdict.split(": ", 1)[1]})
+    elif not recs:
         recs.append({"change": "A/B the loading stages on your data: fastload recipe run", "stage": None,
                      "why": "input-bound, but no single part of the sample time stands out",
                      "expected_gain": cap})
     recs.sort(key=lambda r: -r["expected_gain"])
+    if cpu_bound_verdict:
+        return "; ".join([cpu_bound_verdict, where, *details]), recs
     verdict = "input-bound: " + "; ".join([where, *details])
     return verdict, recs
+
+
+def _code(created: str | None, changes: dict[str, Any]) -> str:
+    """The loader line with ``changes``; where it cannot be read, the keyword to add (with the import)."""
+    text = loader_snippet(created, changes)
+    if text is not None:
+        return text
+    kw = ", ".join(f"{k}={v!r}".replace("'", '"') for k, v in changes.items())
+    head = "from fastload import DataLoader\n" if changes.get("num_workers") == "auto" else ""
+    return f"{head}loader = DataLoader(dataset, ..., {kw})"
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -262,10 +412,17 @@ def format_summary(s: dict[str, Any]) -> str:
              + {"cuda": "", "cuda-events": " (GPU idle from CUDA events at the hand-off; no Kineto window)"}.get(
                  s["idle_source"], " (no CUDA: host clocks)")]
     p = s["percentiles_ms"]
-    idle_note = "*" if s["idle_source"] == "host-clock" else ""
+    has_gpu = bool((s.get("machine") or {}).get("gpus")) or s["idle_source"] != "host-clock"
+    idle_note = "*" if s["idle_source"] == "host-clock" and has_gpu else ""
     lines.append(f"  data wait {s['data_wait_fraction']:.0%} of step time (p50 {p['data_wait']['p50']:.1f} ms, "
-                 f"step p50 {p['step']['p50']:.1f} ms); GPU idle {s['gpu_idle_fraction']:.0%}{idle_note}, "
-                 f"input-bound idle {s['input_bound_idle_fraction']:.0%}{idle_note}")
+                 f"step p50 {p['step']['p50']:.1f} ms)"
+                 + (f"; GPU idle {s['gpu_idle_fraction']:.0%}{idle_note}, "
+                    f"input-bound idle {s['input_bound_idle_fraction']:.0%}{idle_note}" if has_gpu else ""))
+    sc = s.get("step_cpu")
+    if sc:
+        lines.append(f"  the step itself: {sc['cpu_s'] * 1e3:.1f} ms of CPU time per {sc['wall_s'] * 1e3:.1f} ms "
+                     f"= {sc['cores']:.1f} CPUs busy (main thread {sc['main_thread_share']:.0%} of its wall time)"
+                     + ("" if has_gpu else ": the model's compute"))
     ld = s["loader"]
     lines.append(f"  loader {ld['key']}: num_workers={ld['num_workers']}, pin_memory={ld['pin_memory']}, "
                  f"{s['images_per_step']:.0f} samples/batch, {ld['batch_bytes'] / 1e3:.0f} kB/batch")
@@ -286,13 +443,31 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"  rank {r['rank']}: {r['images_per_s']:.1f} images/s, "
                          f"data wait {r['data_wait_fraction']:.0%}")
     if idle_note:
-        lines.append("  * no CUDA: device idle from host clocks (time the step waited for data)")
+        lines.append("  * no CUDA timeline: GPU idle from host clocks (time the step waited for data)")
     for note in s.get("notes", []):
         lines.append(f"  note: {note}")
+    if s.get("ended") in ("steps", "time"):
+        budget = s.get("seconds_limit")
+        lines.append(f"  measured {s['steps']} steps, then ended the command ("
+                     + (f"the {budget:g} s budget" if s["ended"] == "time" and budget else "--steps")
+                     + "); to measure more: --seconds 120 --steps 1000, or --until-end")
     lines.append(f"verdict: {s['verdict']}")
     lines.append("recommendations:")
     for i, r in enumerate(s["recommendations"], 1):
-        lines.append(f"  {i}. {r['change']}: up to {r['expected_gain']:.2f}x images/s. {r['why']}")
+        gain = r["expected_gain"]
+        said = (f"predicted {gain:.2f}x images/s" if r.get("stage") else
+                f"up to {gain:.2f}x images/s" if gain > 1.0 else "no gain predicted")
+        lines.append(f"  {i}. {r['change']}: {said}. {r['why']}")
+        if r.get("code"):
+            lines.extend("       " + line for line in r["code"].splitlines())
+    v = s.get("verify_fix")
+    if v and "skipped" in v:
+        lines.append(f"verify-fix: skipped: {v['skipped']}")
+    elif v:
+        lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: predicted "
+                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s "
+                     f"({v['images_per_s'][0]:.1f} -> {v['images_per_s'][1]:.1f}; "
+                     + ("outside the noise" if v["outside_noise"] else "within the noise") + f"); {v['profile']}")
     if s.get("headspace"):
         h = s["headspace"]
         lines.append(f"headspace: {h['images_per_s']:.1f} images/s with batches replayed from memory "
