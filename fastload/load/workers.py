@@ -103,7 +103,9 @@ def worker_plan(*, env: Mapping[str, str] | None = None, budget: CpuBudget | Non
     if per == 1:
         workers, rule = 0, "1 CPU: load in the main process"
     elif per <= 3:
-        workers, rule = per, "2-3 CPUs: one worker per CPU, the main process mostly waits on the GPU"
+        workers, rule = per, ("2-3 CPUs: one worker per CPU, the main process mostly waits on the GPU" if gpus else
+                              "2-3 CPUs, no GPU: one worker per CPU; the training step computes on these same "
+                              "CPUs, so check with `fastload profile` that workers do not slow it")
     else:
         workers, rule = per - 1, "4+ CPUs: one worker per CPU, minus one for the training process"
     return WorkerPlan(budget, procs, source, gpus, per, workers, max(1, per - workers), rule)

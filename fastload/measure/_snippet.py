@@ -77,10 +77,11 @@ def loader_snippet(created_at: str | None, changes: dict[str, Any]) -> str | Non
         text = text[:a] + new + text[b:]
     shift = sum(len(new) - (b - a) for a, b, new in edits)
     body = text[start:end + shift]
-    indent = lines[stmt.lineno - 1][:len(lines[stmt.lineno - 1]) - len(lines[stmt.lineno - 1].lstrip())]
+    first = lines[stmt.lineno - 1]
+    indent = first[:len(first) - len(first.lstrip())]
     head = [f"# {Path(name).name}:{stmt.lineno}"]
     if needs_fastload:
-        head.append("from fastload import DataLoader  # torch's signature; num_workers=\"auto\" is fastload's")
+        head.append(indent + "from fastload import DataLoader  # torch's signature; num_workers=\"auto\" is fastload's")
     return "\n".join(head) + "\n" + indent + body
 
 
