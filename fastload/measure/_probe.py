@@ -4,7 +4,10 @@ Owns: the patch of ``torch.utils.data.DataLoader.__iter__`` (which covers
 ``fastload.DataLoader``, a subclass), the per-loader step tracks, the headspace replay,
 the Kineto window on CUDA, and the
 rank file (``probe-rank<R>-<pid>.json``) written at exit, on SIGTERM, on Ctrl-C or when
-``--steps`` is reached. Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live
+``--steps``/``--seconds`` is reached; the append-only ``steps-rank<R>-<pid>.jsonl`` (one
+unbuffered write per finished step) that an abrupt end (``os._exit``, SIGKILL, an OOM kill)
+leaves behind; the check of ``num_workers="auto"`` given to torch's own DataLoader; and
+``--verify-fix``'s options set on the training loader (``FASTLOAD_PROFILE_APPLY``). Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live
 in ``_samples.py``.
 
 A step is one ``next()`` on a loader: it spans from the start of that ``next()`` to the

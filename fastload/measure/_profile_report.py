@@ -8,11 +8,27 @@ The gain model. Per step of the training loop: T the measured step time, ``bound
 input-bound share (host data wait without CUDA; GPU idle overlapping the wait on CUDA),
 so a perfect loader gives a step of ``c = T * (1 - bound)`` and no change can beat
 ``1 / (1 - bound)``. One batch costs ``t_b = images * seconds per sample`` of loading,
-``t_cpu = t_b * cpu share`` of it on a CPU. With N workers on P CPUs for this process the
-loader delivers a batch every ``max(t_b / N, t_cpu / P)``; in the main process (N = 0)
-the step is ``c + t_b``. A change that removes a measured part of the sample time (read,
-decode, the float transforms) shrinks ``t_b`` and ``t_cpu`` by that part. Expected gain =
-T / predicted step, capped at the perfect-loader bound; it is an upper-bound estimate.
+``t_cpu = t_b * cpu share`` of it on a CPU. The step itself keeps ``k`` CPUs busy
+(``step_cores``: the training process's CPU time over the step's own part, from ``next()``
+returning to the next call, divided by its wall time: on a CPU device the model's compute, on a
+GPU the host side that launches kernels). With ``P`` CPUs for this process and ``N`` workers
+the predicted step is the ``t`` where
+
+    t = max(c, t_b / N, (c * k + t_cpu) / P, c * k / max(1, P - ceil(min(N, t_cpu / t))))
+
+i.e. no faster than the step, than N workers deliver, than the CPUs can do both; and a
+multi-threaded step (``k > 1``) slows down when busy workers take CPUs it was using: an
+OpenMP region runs at the pace of its slowest thread, so a CPU a worker takes even in part is
+lost to the step. In the main process (``N = 0``) the step is ``c + t_b``. Every worker count
+from 0 up to the plan's (more where samples mostly block on I/O) is predicted; the
+recommendation is the plan's count ("auto") when it is within 2% of the best, else the fewest
+workers within 2% of the best, and only when it gains 5%; when no count gains and the step
+keeps most of a CPU busy the verdict is "CPU-bound training". The measured T stands for the
+current worker count. A change that removes a measured part of the sample time (read, decode,
+the float transforms) shrinks ``t_b`` and ``t_cpu`` by that part. Gains are capped at the
+perfect-loader bound; a change predicted to gain under 2% is not offered. The figures and the
+assumptions behind them (the CPUs available are the affinity/quota count, other users' load is
+not subtracted) are in docs/profile-advice.md.
 
 Must not: run anything, import torch.
 """

@@ -19,6 +19,13 @@ psutil reads the workers' CPU time (portable across Linux/macOS, where ``/proc``
 by hand would not be); without it the worker CPU figures are left out. Interval arithmetic: ``_kineto.py``; the
 verdict and gain model: ``_profile_report.py``.
 
+The command runs in its own process group: SIGTERM, SIGINT and SIGHUP sent to ``fastload
+profile`` are passed to that group (the script, its DataLoader workers, torchrun's ranks), which
+gets ``GRACE_S`` to end before it is killed; what was measured is then written all the same, and
+``fastload profile`` exits with the command's status. ``--verify-fix`` reruns the command with the
+top change applied to the training loader from outside (``_probe.APPLICABLE``) and compares
+(``_profile_compare.py``).
+
 Must not: edit the user's files, import torch at import time, or print (the CLI prints).
 """
 
