@@ -7,8 +7,9 @@ rank file (``probe-rank<R>-<pid>.json``) written at exit, on SIGTERM, on Ctrl-C 
 ``--steps``/``--seconds`` is reached; the append-only ``steps-rank<R>-<pid>.jsonl`` (one
 unbuffered write per finished step) that an abrupt end (``os._exit``, SIGKILL, an OOM kill)
 leaves behind; the check of ``num_workers="auto"`` given to torch's own DataLoader; and
-``--verify-fix``'s options set on the training loader (``FASTLOAD_PROFILE_APPLY``). Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live
-in ``_samples.py``.
+``--verify-fix``'s options set on the training loader (``FASTLOAD_PROFILE_APPLY``).
+Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live in
+``_samples.py``.
 
 A step is one ``next()`` on a loader: it spans from the start of that ``next()`` to the
 start of the following one, so ``data wait`` is the time blocked in ``next()`` and the

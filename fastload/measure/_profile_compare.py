@@ -113,9 +113,10 @@ def compare_profiles(a: dict[str, Any], b: dict[str, Any], *, names: tuple[str, 
     if cmp["outside_noise"] is None:
         lines.append("noise: unknown (a profile from an older fastload has no per-step spread)")
     else:
-        lines.append(f"mean step {cmp['step_diff_s'] * 1e3:+.1f} ms (B - A), noise +/-{2 * cmp['step_diff_se_s'] * 1e3:.1f}"
-                     f" ms (2 standard errors): " + ("the difference is outside the noise" if cmp["outside_noise"]
-                                                      else "within the noise: measure more steps to tell them apart"))
+        noise = 2 * cmp["step_diff_se_s"] * 1e3
+        lines.append(f"mean step {cmp['step_diff_s'] * 1e3:+.1f} ms (B - A), noise +/-{noise:.1f} ms (2 standard "
+                     "errors): " + ("the difference is outside the noise" if cmp["outside_noise"]
+                                   else "within the noise: measure more steps to tell them apart"))
     if a.get("verdict") != b.get("verdict"):
         lines += [f"verdict A: {a.get('verdict')}", f"verdict B: {b.get('verdict')}"]
     return "\n".join(lines)
