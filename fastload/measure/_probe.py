@@ -24,6 +24,7 @@ Python process the command starts, torchrun's launcher included), analyse or pri
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import signal
@@ -468,6 +469,7 @@ def _patch_dataloader(*_: Any) -> None:
         _samples.prepare_loader(self, rec.out)
         return rec.wrap(self, original(self))
 
+    @functools.wraps(original_init)  # inspect.signature(DataLoader) stays torch's
     def __init__(self, *args, **kwargs):
         workers = kwargs.get("num_workers", args[5] if len(args) > 5 else 0)
         if isinstance(workers, str):
