@@ -51,6 +51,23 @@ _TORCH_DIR = None  # set on first use: frames inside torch are not the user's lo
 
 
 _rank = _samples._rank  # one rule for the probe's and the samples' files, or ranks are mixed up
+RUNQUEUE_EVERY = 4  #: read the process's run-queue wait on every 4th step (a /proc read per thread)
+
+
+def process_runqueue_s() -> float | None:
+    """Seconds all threads of this process have spent runnable but waiting for a CPU (Linux), or None."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 def short_path(name: str) -> str:
@@ -96,8 +113,9 @@ class Track:
         dataset = getattr(loader, "dataset", None)
         self.meta["dataset"] = None if dataset is None else _samples.dataset_key(dataset)
         self.meta["created_at"] = getattr(loader, "_fastload_created_at", None)  # the user's DataLoader(...) line
-        # [start, wait, total, images, process CPU s, main-thread CPU s]: the CPU figures cover the step's
-        # own part (from next() returning to the next call), i.e. the training process's compute
+        # [start, wait, total, images, process CPU s, main-thread CPU s, run-queue s]: the CPU figures cover
+        # the step's own part (from next() returning to the next call), i.e. the training process's compute;
+        # run-queue: its threads' time waiting for a CPU in that part (every RUNQUEUE_EVERY-th step, else -1)
         self.steps: list[list[float]] = []
         self.pending: list[float] | None = None  # the last batch, until the next call starts
         self.batch_bytes: int | None = None
@@ -106,6 +124,7 @@ class Track:
         self.cache: list[Any] = []  # headspace: the first batches, replayed
         self.events: list[tuple[int, Any, Any]] = []  # (step, CUDA event before next(), after it)
         self.cpu_after: tuple[float, float] = (0.0, 0.0)  # process and thread CPU time as next() returned
+        self.rq_after: float | None = None
         self.logged = False  # its header line is in the append-only steps file
 
     def event_idle(self) -> list[list[float]]:
@@ -126,7 +145,11 @@ class Track:
             return None
         start, wait, images = self.pending
         pcpu, tcpu = self.cpu_after
-        step = [start, wait, t - start, images, time.process_time() - pcpu, time.thread_time() - tcpu]
+        rq = -1.0
+        if self.rq_after is not None:
+            now = process_runqueue_s()
+            rq = -1.0 if now is None else max(0.0, now - self.rq_after)
+        step = [start, wait, t - start, images, time.process_time() - pcpu, time.thread_time() - tcpu, rq]
         self.steps.append(step)
         self.pending = None
         return step
@@ -135,6 +158,7 @@ class Track:
         if self.batch_bytes is None:
             self.batch_bytes, self.pinned = _samples.batch_nbytes(batch)
         self.pending = [start, end - start, float(_samples.batch_len(batch))]
+        self.rq_after = process_runqueue_s() if len(self.steps) % RUNQUEUE_EVERY == 0 else None
         self.cpu_after = (time.process_time(), time.thread_time())
 
     def header(self) -> dict[str, Any]:

@@ -161,7 +161,12 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
     if own and own_wall > 0:
         step_cpu = {"cpu_s": sum(s[4] for s in own) / len(own), "main_thread_cpu_s": sum(s[5] for s in own) / len(own),
                     "wall_s": own_wall / len(own), "cores": sum(s[4] for s in own) / own_wall,
-                    "main_thread_share": sum(s[5] for s in own) / own_wall}
+                    "main_thread_share": sum(s[5] for s in own) / own_wall, "wanted_cores": None}
+        # CPUs the step wanted: its CPU time plus its threads' wait for a CPU (other users' load hides the first)
+        sampled = [s for s in own if len(s) >= 7 and s[6] >= 0 and s[2] > s[1]]
+        if sampled:
+            step_cpu["wanted_cores"] = sum(s[4] + s[6] for s in sampled) / sum(s[2] - s[1] for s in sampled)
+            step_cpu["runqueue_share"] = sum(s[6] for s in sampled) / sum(s[2] - s[1] for s in sampled)
     fig: dict[str, Any] = {
         "rank": probe["rank"], "steps": len(steps), "warmup": warmup, "ended": probe["ended"],
         "images_per_s": images / wall if wall > 0 else 0.0, "steps_per_s": len(steps) / wall if wall > 0 else 0.0,
@@ -298,7 +303,12 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
     c = T * (1.0 - bound)
     w_now, cpus = loader["num_workers"], loader["cpus_per_process"]
     step_cpu = s.get("step_cpu")
-    cores = step_cpu["cores"] if step_cpu else 0.0  # unknown (older probe): the step is taken to use no CPU
+    # CPUs the step wants (CPU time + waiting for a CPU), at most this process's: the run-queue part is what
+    # other processes (or our own workers) took from it; unknown (an older probe): taken to use no CPU
+    cores = 0.0
+    if step_cpu:
+        cores = min(float(cpus), step_cpu["wanted_cores"] if step_cpu.get("wanted_cores") is not None
+                    else step_cpu["cores"])
     details = []
     cpu_bound_verdict = None
     if samples:
@@ -309,10 +319,9 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         top = max(parts, key=parts.get)
         details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
         if step_cpu:
-            details.append(f"the step itself keeps {cores:.1f} of {cpus} CPUs busy"
-                           + ("" if has_gpu else " (the model's compute on the CPU)")
-                           if not has_gpu else f"the step's host side (kernel launches, Python) keeps {cores:.1f} "
-                           f"of {cpus} CPUs busy")
+            details.append(f"the step itself wants {cores:.1f} of {cpus} CPUs"
+                           + (" (its host side: Python, kernel launches)" if has_gpu else
+                              " (the model's compute on the CPU)"))
 
         def step_time(n: int, tb_new: float = tb, tcpu_new: float = tcpu) -> float:
             return predict_step(n, c=c, tb=tb_new, tcpu=tcpu_new, cpus=cpus, step_cores=cores)
@@ -346,7 +355,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             value = _workers_value(best, plan_workers)
             change = f'num_workers="auto" (-> {best})' if value == "auto" else f"num_workers={best}"
             if best < w_now:
-                why = (f"the step keeps {cores:.1f} of {cpus} CPUs busy; {w_now} workers take CPUs it needs: "
+                why = (f"the step wants {cores:.1f} of {cpus} CPUs; {w_now} workers take CPUs it needs: "
                        f"{best} predicted faster")
             elif w_now == 0:
                 why = (f"the loader runs in the training process: each step waits for {s['images_per_step']:.0f} "
@@ -363,7 +372,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         elif cores >= 0.75 and best_gain < 1.05:
             tried = max(w_now + 1, plan_workers)
             cpu_bound_verdict = (
-                f"CPU-bound training: loading and compute share {cpus} CPUs (the step keeps {cores:.1f} busy, "
+                f"CPU-bound training: loading and compute share {cpus} CPUs (the step wants {cores:.1f}, "
                 f"loading needs {tcpu / T:.1f}); more workers cannot help "
                 f"(num_workers={tried}: predicted {ratio.get(tried, min(cap, T / step_time(tried))):.2f}x)")
         n_after = (w_now, best)
@@ -438,7 +447,9 @@ def format_summary(s: dict[str, Any]) -> str:
     if sc:
         lines.append(f"  the step itself: {sc['cpu_s'] * 1e3:.1f} ms of CPU time per {sc['wall_s'] * 1e3:.1f} ms "
                      f"= {sc['cores']:.1f} CPUs busy (main thread {sc['main_thread_share']:.0%} of its wall time)"
-                     + ("" if has_gpu else ": the model's compute"))
+                     + ("" if sc.get("wanted_cores") is None or sc["wanted_cores"] < sc["cores"] + 0.1 else
+                        f"; {sc['wanted_cores']:.1f} CPUs wanted (its threads waited for a CPU "
+                        f"{sc['runqueue_share']:.0%} of the time)"))
     ld = s["loader"]
     lines.append(f"  loader {ld['key']}: num_workers={ld['num_workers']}, pin_memory={ld['pin_memory']}, "
                  f"{s['images_per_step']:.0f} samples/batch, {ld['batch_bytes'] / 1e3:.0f} kB/batch")
