@@ -382,8 +382,7 @@ class Profile:
 
     def __enter__(self) -> Profile:
         self.out.mkdir(parents=True, exist_ok=True)
-        for stale in list(self.out.glob("probe-rank*.json")) + list(self.out.glob("samples-rank*.json")):
-            stale.unlink()
+        _clear(self.out)
         self._previous = _probe.recorder()
         _probe.start(self.out, steps=None, warmup=self.warmup, kineto_steps=self.kineto_steps)
         return self
