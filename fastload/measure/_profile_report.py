@@ -336,8 +336,12 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                               f"({w_now} workers on {cpus} usable CPUs, {util:.0%} CPU each)")
         rq = samples.get("runqueue_share")
         starved = rq is not None and rq >= 0.25
-        if starved:
-            details.append(f"samples waited for a CPU {rq:.0%} of their time: the machine is oversubscribed")
+        step_rq = (step_cpu or {}).get("runqueue_share") or 0.0
+        if starved or step_rq >= 0.25:
+            details.append(f"{'samples' if starved else 'the step'} waited for a CPU "
+                           f"{rq if starved else step_rq:.0%} of the time: the machine is oversubscribed, and the "
+                           "predictions, which take the CPUs as this process's, are rough here (check with "
+                           "--verify-fix)")
         io_bound = not starved and samples.get("blocked_share", 1.0 - share) >= 0.5
         # workers beyond the plan only where samples mostly block (I/O, sleep): they overlap the waiting
         top_n = min(4 * cpus, max(plan_workers, math.ceil(tb / c - 1e-9))) if io_bound else plan_workers
