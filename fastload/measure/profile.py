@@ -44,6 +44,7 @@ from typing import Any
 from fastload.errors import MissingDependencyError, ProfileError
 from fastload.measure import _probe
 from fastload.measure import _profile_report as report
+from fastload.measure import _recommend
 
 __all__ = ["ProfileOptions", "run_profile", "watch", "profile", "Profile", "summarize_dir", "format_summary",
            "INJECT_DIR"]
@@ -221,7 +222,7 @@ def summarize_dir(out: Path) -> tuple[list[dict], dict[str, Any]]:
     first = ranks[min(ranks)]
     local = first["local_world_size"]
     plan = worker_plan(env={"LOCAL_WORLD_SIZE": str(local)})
-    verdict, recs = report.recommend(summary, plan_workers=plan.workers, has_gpu=bool(machine["gpus"]))
+    verdict, recs = _recommend.recommend(summary, plan_workers=plan.workers, has_gpu=bool(machine["gpus"]))
     summary.update(verdict=verdict, recommendations=recs, local_world_size=local,
                    machine={"cpus": machine["cpus"], "gpus": machine["gpus"], "local_world_size": local,
                             "recommended_workers": plan.workers, "versions": machine["environment"],
@@ -308,7 +309,7 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
     """Rerun with the top change fastload can apply from outside; predicted vs measured images/s."""
     from fastload.measure._profile_compare import compare_figures
 
-    pick = report.change_to_verify(summary)
+    pick = _recommend.change_to_verify(summary)
     if pick is None:
         return {"skipped": "no recommendation can be applied from outside the script (only the worker count "
                            "and pin_memory can): apply it by hand and compare with `fastload profile compare`"}

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from fastload.cli import main
 from fastload.measure import _kineto
-from fastload.measure._profile_report import recommend
+from fastload.measure._recommend import recommend
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH = 4

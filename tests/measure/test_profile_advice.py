@@ -22,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from fastload.cli import main
-from fastload.measure._profile_report import change_to_verify, predict_step, recommend
+from fastload.measure._recommend import change_to_verify, predict_step, recommend
 from fastload.measure._snippet import loader_snippet
 
 REPO = Path(__file__).resolve().parents[2]
