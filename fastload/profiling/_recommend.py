@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fastload.measure._snippet import loader_snippet, store_snippet, uint8_snippet
+from fastload.profiling._snippet import loader_snippet, store_snippet, uint8_snippet
 
 INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
 PARTS = {"read": "opening files (PIL Image.open)", "decode": "image decode in PIL (load/convert)",

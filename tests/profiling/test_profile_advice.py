@@ -22,8 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 from fastload.cli import main
-from fastload.measure._recommend import change_to_verify, predict_step, recommend
-from fastload.measure._snippet import loader_snippet
+from fastload.profiling._recommend import change_to_verify, predict_step, recommend
+from fastload.profiling._snippet import loader_snippet
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastload.measure import _samples
+from fastload.profiling import _samples
 
 ENV_OUT = "FASTLOAD_PROFILE_OUT"
 ENV_STEPS = "FASTLOAD_PROFILE_STEPS"
@@ -77,17 +77,16 @@ def short_path(name: str) -> str:
 
 
 def _user_frame(depth: int = 3):
-    """The first frame outside torch and fastload's measure and load rooms: the user's own line."""
+    """The first frame outside torch and fastload's profiling/measure/load rooms: the user's own line."""
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
 
         _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
     frame = sys._getframe(depth)
-    fastload_load = str(Path(_HERE).parent / "load")
+    ours = (_TORCH_DIR, _HERE, str(Path(_HERE).parent / "load"), str(Path(_HERE).parent / "measure"))
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith(fastload_load)):
+        if not frame.f_code.co_filename.startswith(ours):
             return frame
         frame = frame.f_back
     return None
@@ -371,7 +370,7 @@ class Recorder:
     def _stop_kineto(self) -> None:
         from torch.profiler import record_function
 
-        from fastload.measure._kineto import gpu_timeline
+        from fastload.profiling._kineto import gpu_timeline
 
         prof, self._kineto = self._kineto, None
         with record_function("fastload.window_end"):
