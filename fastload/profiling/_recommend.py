@@ -157,6 +157,9 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         rq = samples.get("runqueue_share")
         starved = rq is not None and rq >= 0.25
         step_rq = (step_cpu or {}).get("runqueue_share") or 0.0
+        # other processes take the CPUs a CPU-heavy step wants: what workers would do there is not predictable
+        # (the scheduler shares by thread; on the team's loaded 2-CPU machine they measured 0.73-1.04x)
+        contended = (starved or step_rq >= 0.25) and cores >= 0.75
         if starved or step_rq >= 0.25:
             details.append(f"{'samples' if starved else 'the step'} waited for a CPU "
                            f"{rq if starved else step_rq:.0%} of the time: the machine is oversubscribed, and the "
@@ -169,13 +172,20 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         ratio = {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)}
         s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
                              "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers"}
-                            for n, g in ratio.items() if n != w_now]
+                            for n, g in sorted(ratio.items(), key=lambda kv: kv[0] != plan_workers)
+                            if n != w_now]  # the plan's count first: the one a user would try
         # within 2% of the best: the plan's count ("auto", which leaves its headroom), else the fewest (more
         # would only take CPUs from the step)
         best_gain = max(ratio.values())
         near = [n for n, g in ratio.items() if g >= best_gain / 1.02]
         best = plan_workers if plan_workers in near else min(near)
-        if best != w_now and ratio[best] >= 1.05:
+        if contended and best > w_now:
+            cpu_bound_verdict = (
+                f"CPU-contended training: loading, compute and other processes share {cpus} CPUs (the step wants "
+                f"{cores:.1f}, its threads waited for a CPU {step_rq:.0%} of the time); more workers cannot be "
+                f"promised a gain (the model, which takes the CPUs as this process's, says {ratio[best]:.2f}x "
+                f"for num_workers={best}: check with --verify-fix)")
+        elif best != w_now and ratio[best] >= 1.05:
             value = _workers_value(best, plan_workers)
             change = f'num_workers="auto" (-> {best})' if value == "auto" else f"num_workers={best}"
             if best < w_now:

@@ -129,6 +129,24 @@ def test_a_step_that_leaves_the_cpus_free_keeps_the_worker_gain():
     assert top["apply"] == {"num_workers": 2}
 
 
+def test_no_gain_promised_where_other_processes_take_the_cpus_the_step_wants():
+    # measured on the team's loaded 2-CPU machine: the step got 0.3 CPUs but wanted 2 (its threads waited for a
+    # CPU), samples waited for a CPU 80% of their time; 2 workers then measured 0.73-1.04x
+    s = _summary(wait=0.13, workers=0, cpus=2, per_sample_ms=16.0, cpu_share=0.2, step_cores=0.3)
+    s["steps_per_s"] = 1 / 1.1
+    s["step_cpu"].update(wanted_cores=2.0, runqueue_share=1.7)
+    s["samples"].update(runqueue_share=0.78, blocked_share=0.02)
+    verdict, recs = recommend(s, plan_workers=2, has_gpu=False)
+    assert verdict.startswith("CPU-contended training") and "oversubscribed" in verdict
+    assert not [r for r in recs if r["stage"] == "workers"] and all(r["expected_gain"] <= 1.0 for r in recs)
+    assert change_to_verify({**s, "recommendations": recs})["apply"] == {"num_workers": 2}  # what a user would try
+    # without the contention the quiet-machine model stands: 128 ms of loading off a 1.1 s step
+    s["step_cpu"].update(cores=2.0, runqueue_share=0.0)
+    s["samples"].update(runqueue_share=0.0)
+    verdict, recs = recommend(s, plan_workers=2, has_gpu=False)
+    assert verdict.startswith("input-bound") and recs[0]["stage"] == "workers"
+
+
 def test_too_many_workers_for_a_step_that_needs_the_cpus():
     s = _summary(wait=0.3, workers=4, cpus=4, per_sample_ms=10.0, cpu_share=0.95, step_cores=3.5)
     _, recs = recommend(s, plan_workers=3, has_gpu=False)
