@@ -21,9 +21,17 @@ def ray_cluster():
     # Read when ray is imported and by every process it starts: Ray replaces a 127.0.0.1 node address
     # with the machine's routable one (services.resolve_ip_for_localhost) unless "clusters" are off,
     # which makes it advertise and connect over loopback; no usage report.
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'fastload[ray]')")
+    mp = pytest.MonkeyPatch()  # the environment is restored when the session ends
+    mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    # workers import test-only conversion handlers (tests/pack/die_once_handler.py) by name
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pack")
+    mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p))
+    try:
+        ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'fastload[ray]')")
+    except BaseException:
+        mp.undo()
+        raise
     # a short folder: Ray puts Unix sockets in it, and their paths are limited to 107 bytes
     tmp = tempfile.mkdtemp(prefix="fastload-ray-", dir="/tmp")
     ctx = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
@@ -33,3 +41,4 @@ def ray_cluster():
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
+        mp.undo()

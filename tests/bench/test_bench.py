@@ -262,3 +262,15 @@ def test_spdl_path_names_the_file_it_cannot_decode(tmp_path):
                 pass
     finally:
         built.loader.loader.close()
+
+
+def test_bench_convert_engines_reports_each_engine(tiny_tree, tmp_path):
+    out = tmp_path / "engines.json"
+    r = CliRunner().invoke(main, ["bench", "convert", str(tiny_tree), "--engine", "local", "--num-shards", "2",
+                                  "--workers", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    assert result["files"] == 24 and result["shards"] == 2 and result["images_per_s"]["local"] > 0
+    assert result["ray_startup_s"] is None and result["upload_mb_per_s"] is None
+    r = CliRunner().invoke(main, ["bench", "convert", str(tiny_tree), "--engine", "spark"])
+    assert r.exit_code == 2 and "unknown engine 'spark'" in r.output
