@@ -81,7 +81,7 @@ def compare_figures(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 def _fmt(v: float | None, pct: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    return f"{v:.0%}" if pct else f"{v:.1f}"
+    return f"{v:.0%}" if pct else str(v) if isinstance(v, int) else f"{v:.1f}"
 
 
 def compare_profiles(a: dict[str, Any], b: dict[str, Any], *, names: tuple[str, str] = ("A", "B")) -> str:
