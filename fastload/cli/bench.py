@@ -79,10 +79,14 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               help="--encoding of the --max-side store (raw: pixels, no decode when training).")
 @click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
               "fastload-threads, fastload-reduced, webdataset, dali-cpu, spdl, ffcv.")
+@click.option("--step-ms", type=click.FloatRange(min=0), default=Default(LOADER, "step_ms"), show_default=True,
+              help="A simulated training step after every batch (0: the loader alone).")
+@click.option("--host-ms", type=click.FloatRange(min=0), default=Default(LOADER, "host_ms"), show_default=True,
+              help="Of each step, host CPU ms holding the GIL (kernel launches; 8 is the measured ResNet-50 cost).")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     json_out) -> None:
+                     step_ms, host_ms, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -94,7 +98,7 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
                               rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
-                              paths=tuple(paths) or None)
+                              paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms)
     result = bench_loader(data_or_default(data), store=store, options=opts)
     emit(result, json_out)
 

