@@ -171,7 +171,14 @@ class RecipeError(FastloadError, ValueError):
 
 
 class ProfileError(FastloadError):
-    """``fastload profile`` / ``fastload.profile()`` could not measure: no command, or no loader steps."""
+    """``fastload profile`` / ``fastload.profile()`` could not measure: no command, or no loader steps.
+
+    ``exit_status``: the profiled command's own exit status when it failed (``fastload profile`` exits with it).
+    """
+
+    def __init__(self, message: str = "", *, exit_status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class MissingDependencyError(FastloadError, ImportError):
