@@ -128,3 +128,23 @@ def test_bench_loader_remote_needs_the_local_store():
 
     out = CliRunner().invoke(main, ["bench", "loader", "--remote", "s3://b/store/"])
     assert out.exit_code == 2 and "--remote URL needs --store" in out.output
+
+
+def test_inspect_a_url_through_the_cache(store_url, local_shards, tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+    from fastload.store.check import inspect_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default cache dir, here
+    out = CliRunner().invoke(main, ["inspect", store_url, "--json"])
+    assert out.exit_code == 0, out.output
+    info, local = json.loads(out.output), inspect_store(local_shards)
+    for key in ("complete", "count", "shards", "classes", "bytes", "encodings", "stored_as"):
+        assert info[key] == local[key], key
+    assert info["path"] == store_url
+    assert (tmp_path / "xdg" / "fastload" / "shards").is_dir()
+    gone = inspect_store(store_url.rstrip("/") + "-missing/", cache_dir=tmp_path / "c")
+    assert not gone["complete"] and "manifest.json" in gone["problem"]
