@@ -325,8 +325,9 @@ class ThreadBatchIterator(Iterator):
         self._len = len(loader)
         self._sampler_iter = iter(loader._index_sampler)  # before the base seed, as torch does
         self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
-        loader._resume_epoch_started(self)
-        rec = loader._resume_live
+        self._tracker = loader._fl_resume  # reports the epoch's events (tracker.py), holds the loader weakly
+        self._tracker.epoch_started(self)
+        rec = self._tracker.live
         self.epoch, self.sample_seed = rec.epoch, rec.sample_seed
         self.fast = _fast_path(loader)
         self._auto_collation = loader._auto_collation
@@ -383,9 +384,8 @@ class ThreadBatchIterator(Iterator):
 
     def _end(self) -> StopIteration:
         """The epoch is over: tell the loader (unless closed early), stop the pool."""
-        loader = self._loader()
-        if not self._closed and loader is not None:
-            loader._resume_epoch_ended(self)
+        if not self._closed:
+            self._tracker.epoch_ended()
         self.close()
         return StopIteration()
 
@@ -408,9 +408,7 @@ class ThreadBatchIterator(Iterator):
         if batch.error is not None:
             raise batch.error
         out = (batch.images, torch.tensor(batch.labels, dtype=torch.int64)) if self.fast else batch.result
-        loader = self._loader()
-        if loader is not None:  # counted only now: the state describes what the caller received
-            loader._resume_batch_yielded(self)
+        self._tracker.batch_yielded()  # counted only now: the state describes what the caller received
         return out
 
     def _timed_out(self, batch: _Batch) -> RuntimeError:
