@@ -196,7 +196,7 @@ class ResumeTracker:
         if rec is None:
             return
         rec.batches += 1
-        if rec.workers is not None and rec.position % self.snapshot_every == 0:
+        if rec.workers is not None and self.snapshot_every and rec.position % self.snapshot_every == 0:
             rec.snapshot, rec.snapshot_at = rec.workers, rec.position
 
     def worker_state(self, worker_id: int, state, iter_state, ended: bool, *, batch: bool) -> None:
