@@ -8,7 +8,10 @@
     │   ├── IncompleteStoreError       conversion never finished (metadata record missing)
     │   ├── StoreVersionError          written by another fastload format version
     │   ├── StoreDamagedError          metadata or LMDB file damaged (checksum, truncated copy, LMDB error)
-    │   └── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
+    │   ├── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
+    │   ├── ManifestError              a sharded store's manifest.json is unreadable or invalid
+    │   └── RemoteStoreError           an object-store operation failed (names the URL: credentials,
+    │                                  missing bucket or object, unreachable endpoint)
     ├── ConvertError                   conversion cannot go on (source mismatch, disk full, bad file in --strict)
     │   └── StoreLockedError           another conversion is writing the same destination
     ├── SourceError                    the input tree / file list is unusable (no images, bad label, missing file)
@@ -40,6 +43,8 @@ __all__ = [
     "StoreVersionError",
     "StoreDamagedError",
     "ChecksumError",
+    "ManifestError",
+    "RemoteStoreError",
     "ConvertError",
     "StoreLockedError",
     "SourceError",
@@ -118,6 +123,25 @@ class ChecksumError(CorruptSampleError, StoreError):
 
     def __reduce__(self):
         return (_rebuild_corrupt, (self.args[0], self.index, self.relpath, ChecksumError))
+
+
+class ManifestError(StoreDamagedError):
+    """A sharded store's ``manifest.json`` is not valid JSON or a field is missing or wrong (named)."""
+
+
+class RemoteStoreError(StoreError):
+    """An object-store operation failed. The message names the URL and what went wrong, with a HINT.
+
+    ``reason`` is one of ``"credentials"``, ``"bucket"``, ``"missing"``, ``"endpoint"``, ``"other"``.
+    """
+
+    def __init__(self, message: str, *, url: str = "", reason: str = "other") -> None:
+        super().__init__(message)
+        self.url = url
+        self.reason = reason
+
+    def __reduce__(self):  # survive the trip back from a Ray task or a worker process
+        return (RemoteStoreError, (self.args[0],), {"url": self.url, "reason": self.reason})
 
 
 class TooManyCorruptSamplesError(FastloadError, RuntimeError):

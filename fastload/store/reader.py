@@ -29,6 +29,7 @@ import numpy as np
 
 from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError
 from fastload.store import format as fmt
+from fastload.store.manifest import MANIFEST_NAME, PLAN_NAME
 
 __all__ = ["StoreReader", "open_readonly", "release", "briefly", "read_meta", "load_store_metas"]
 
@@ -185,6 +186,10 @@ def read_meta(env, path: Path) -> fmt.StoreMeta:
 def load_store_metas(path: str | os.PathLike[str]) -> list[fmt.StoreMeta]:
     """Metadata of the store at ``path``: one entry, or one per shard of a shard directory."""
     path = Path(path)
+    if (path / PLAN_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
+        raise IncompleteStoreError(
+            f"{path}: a sharded conversion that has not finished (no {MANIFEST_NAME}).\nHINT: rerun the same "
+            "`fastload convert` command: it converts only the shards that are missing, then writes the manifest.")
     shards = [] if fmt.is_store_dir(path) else fmt.find_shards(path)
     if shards:
         fmt.check_shard_set(path, shards)

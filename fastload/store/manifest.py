@@ -1,0 +1,152 @@
+"""The manifest of a sharded store: ``DST/manifest.json``, written **last**.
+
+Owns: the typed manifest (``Manifest``, ``ShardEntry``), its JSON form and the validation of
+every field, and the names of the files beside the shards. Pure, like ``format.py``: no I/O.
+
+Layout of a sharded store, identical on a local disk and in a bucket::
+
+    DST/plan.json                            what is being converted (source, options, shard plan);
+                                             written first, so a rerun can resume or refuse
+    DST/shard-IIIII-of-KKKKK/data.mdb        one complete, compacted LMDB store per shard
+    DST/manifest.json                        written last: a DST without it is incomplete everywhere
+
+Shard ``i`` holds the global samples ``[start, start + count)``; sample ``j`` of the store is
+sample ``j - start`` of the shard that holds it. ``sha256`` and ``bytes`` are those of the
+shard's ``data.mdb`` file, so a copy can be checked without opening LMDB.
+
+Must not: open files or talk to a network (``remote.py`` and ``pack/`` do).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastload.errors import ManifestError
+
+__all__ = ["MANIFEST_NAME", "PLAN_NAME", "SHARD_FILE", "MANIFEST_VERSION", "ShardEntry", "Manifest"]
+
+MANIFEST_NAME = "manifest.json"
+PLAN_NAME = "plan.json"
+SHARD_FILE = "data.mdb"
+MANIFEST_VERSION = 1
+_SHARD_NAME = re.compile(r"^shard-\d{5}-of-\d{5}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard: its folder name, the global sample range it holds, its file's size and sha256."""
+
+    name: str
+    start: int
+    count: int
+    bytes: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "start": self.start, "count": self.count, "bytes": self.bytes,
+                "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a complete sharded store holds.
+
+    Attributes:
+        format_version: ``MANIFEST_VERSION`` of the writer.
+        shards: in order; their ranges tile ``0..num_samples`` without gap or overlap.
+        classes: class names; labels index into it.
+        num_samples: samples in all shards.
+        options: the conversion's record options and its source (``options["source"]``).
+        counts: the conversion report's counts (``stored``, ``skipped``, ``canonicalised``, ...).
+    """
+
+    format_version: int
+    shards: tuple[ShardEntry, ...]
+    classes: tuple[str, ...]
+    num_samples: int
+    options: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"format_version": self.format_version, "num_samples": self.num_samples,
+                           "classes": list(self.classes), "shards": [s.to_json() for s in self.shards],
+                           "options": self.options, "counts": self.counts}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse and check a manifest (``where``: its path or URL, for messages).
+
+        Raises:
+            ManifestError: not JSON, a field missing or of the wrong type, or shard ranges
+                that do not tile ``0..num_samples``; the message names the field.
+        """
+        try:
+            d = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _bad(where, f"it is not valid JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise _bad(where, "it is not a JSON object")
+        version = _field(d, "format_version", int, where)
+        if version > MANIFEST_VERSION or version < 1:
+            raise _bad(where, f"format_version {version} is not one this fastload reads ({MANIFEST_VERSION})",
+                       hint="pip install --upgrade fastload")
+        num = _field(d, "num_samples", int, where)
+        classes = _field(d, "classes", list, where)
+        if not all(isinstance(c, str) for c in classes):
+            raise _bad(where, "field 'classes' must be a list of strings")
+        options = _field(d, "options", dict, where)
+        counts = _field(d, "counts", dict, where)
+        shards = []
+        for i, s in enumerate(_field(d, "shards", list, where)):
+            if not isinstance(s, dict):
+                raise _bad(where, f"shards[{i}] is not an object")
+            entry = ShardEntry(_field(s, "name", str, where, f"shards[{i}]."),
+                               _field(s, "start", int, where, f"shards[{i}]."),
+                               _field(s, "count", int, where, f"shards[{i}]."),
+                               _field(s, "bytes", int, where, f"shards[{i}]."),
+                               _field(s, "sha256", str, where, f"shards[{i}]."))
+            if not _SHARD_NAME.match(entry.name):
+                raise _bad(where, f"shards[{i}].name {entry.name!r} is not shard-IIIII-of-KKKKK")
+            if not _HEX64.match(entry.sha256):
+                raise _bad(where, f"shards[{i}].sha256 is not 64 lowercase hex digits")
+            if entry.count < 0 or entry.bytes < 0:
+                raise _bad(where, f"shards[{i}] has a negative count or size")
+            expected = shards[-1].start + shards[-1].count if shards else 0
+            if entry.start != expected:
+                raise _bad(where, f"shards[{i}].start is {entry.start}, expected {expected} (ranges must tile)")
+            shards.append(entry)
+        total = shards[-1].start + shards[-1].count if shards else 0
+        if num < 0 or total != num:
+            raise _bad(where, f"num_samples is {num} but the shards hold {total}")
+        return cls(version, tuple(shards), tuple(classes), num, options, counts)
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """``(shard position, index within that shard)`` of global sample ``index``."""
+        import bisect
+
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample {index} is outside 0..{self.num_samples - 1}")
+        starts = [s.start for s in self.shards]
+        i = bisect.bisect_right(starts, index) - 1
+        while self.shards[i].count == 0:  # empty shards share their start with the next one
+            i += 1
+        return i, index - self.shards[i].start
+
+
+def _bad(where: str, what: str, *, hint: str | None = None) -> ManifestError:
+    return ManifestError(f"{where}: the manifest is invalid: {what}.\nHINT: "
+                         + (hint or "the store was damaged or written by something else; verify it with "
+                                    "`fastload verify`, or convert the source again into a new DST."))
+
+
+def _field(d: dict, name: str, kind: type, where: str, prefix: str = "") -> Any:
+    if name not in d:
+        raise _bad(where, f"field '{prefix}{name}' is missing")
+    value = d[name]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _bad(where, f"field '{prefix}{name}' must be {kind.__name__}, got {type(value).__name__}")
+    return value

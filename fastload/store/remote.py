@@ -1,0 +1,257 @@
+"""Object storage: URLs, and thin retried operations through one client (``obstore``).
+
+Owns: telling a remote URL from a local path (``is_remote``), parsing it (``RemoteLocation``),
+and the few operations the rest of fastload needs (``get_bytes``, ``put_bytes``,
+``upload_file``, ``download_file``, ``head``, ``list_prefix``, ``delete``). Every failure
+becomes one ``RemoteStoreError`` naming the URL, with a HINT for the usual causes (wrong
+credentials, missing bucket, unreachable endpoint).
+
+Client: ``obstore`` (the Rust ``object_store`` crate: S3, GCS, Azure in one wheel; the
+choice is argued in docs/object-storage.md). Credentials and endpoint come only from the
+standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_REGION``, ``GOOGLE_*``, ``AZURE_*``), read when a bucket is first used in a process.
+An ``http://`` endpoint is allowed because the user named it (``AWS_ALLOW_HTTP`` is then not
+needed). Retries: obstore's own, bounded (``RETRY``): exponential backoff on transient
+errors (connection failures, 5xx, throttling), never on 4xx answers.
+
+Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from fastload.errors import MissingDependencyError, RemoteStoreError
+
+__all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "put_bytes", "upload_file", "download_file",
+           "head", "list_prefix", "delete", "RETRY"]
+
+#: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
+SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
+_URL_RE = re.compile(r"^(?P<scheme>[a-z0-9]+)://(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
+
+#: obstore's retry policy: at most 4 retries, 0.1 s doubling to 2 s, none after 20 s in all.
+RETRY = {"max_retries": 4, "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                        "max_backoff": timedelta(seconds=2), "base": 2.0},
+         "retry_timeout": timedelta(seconds=20)}
+_CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
+_MULTIPART = 16 << 20  # upload_file: parts of this size above it
+
+_STORES: dict[tuple, Any] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def is_remote(path: object) -> bool:
+    """True for ``s3://``, ``gs://``, ``az://`` (and obstore's aliases) URLs."""
+    m = _URL_RE.match(str(path)) if isinstance(path, str) else None
+    return m is not None and m.group("scheme") in SCHEMES
+
+
+@dataclass(frozen=True)
+class RemoteLocation:
+    """A parsed object URL: ``scheme://bucket/prefix`` (``prefix`` without leading or trailing ``/``)."""
+
+    scheme: str
+    bucket: str
+    prefix: str = ""
+
+    @classmethod
+    def parse(cls, url: str | RemoteLocation) -> RemoteLocation:
+        if isinstance(url, RemoteLocation):
+            return url
+        m = _URL_RE.match(str(url))
+        if m is None or m.group("scheme") not in SCHEMES:
+            raise RemoteStoreError(
+                f"{url}: not an object-store URL.\nHINT: use {', '.join(s + '://BUCKET/PREFIX' for s in SCHEMES[::2])}",
+                url=str(url), reason="other")
+        return cls(m.group("scheme"), m.group("bucket"), m.group("prefix").strip("/"))
+
+    def child(self, name: str) -> RemoteLocation:
+        name = name.strip("/")
+        return RemoteLocation(self.scheme, self.bucket, f"{self.prefix}/{name}" if self.prefix else name)
+
+    @property
+    def name(self) -> str:
+        """The last part of the key (like ``Path.name``)."""
+        return self.prefix.rsplit("/", 1)[-1]
+
+    def __str__(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+
+
+def _store(loc: RemoteLocation):
+    """This process's client for one bucket (built on first use, from the environment)."""
+    # the environment is part of the key: credentials changed in this process take effect
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
+    key = (os.getpid(), loc.scheme, loc.bucket, env)
+    hit = _STORES.get(key)
+    if hit is not None:
+        return hit
+    try:
+        from obstore.store import from_url
+    except ImportError:
+        raise MissingDependencyError(f"{loc}: object storage needs obstore.\nHINT: pip install 'fastload[s3]'") \
+            from None
+    client = dict(_CLIENT)
+    if loc.scheme in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        client["allow_http"] = True  # the user named a plain-http endpoint (a local MinIO or SeaweedFS)
+    with _STORES_LOCK:
+        try:
+            store = from_url(f"{loc.scheme}://{loc.bucket}", client_options=client, retry_config=RETRY)
+        except Exception as exc:
+            raise _error(loc, "cannot set up the client", exc) from None
+        _STORES[key] = store
+    return store
+
+
+def _error(loc: RemoteLocation | str, doing: str, exc: BaseException) -> RemoteStoreError:
+    """One line naming the URL and the cause, and a HINT for the causes people meet."""
+    text = str(exc)
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the provider's default endpoint"
+    bucket = loc.bucket if isinstance(loc, RemoteLocation) else "?"
+    if any(w in text for w in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken",
+                                "InvalidToken", "Unauthenticated", "AuthorizationHeaderMalformed")) or \
+            type(exc).__name__ in ("PermissionDeniedError", "UnauthenticatedError"):
+        reason, what = "credentials", "access denied (wrong or missing credentials)"
+        hint = ("set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_*) "
+                f"for {endpoint}, with read and write rights on bucket {bucket!r}")
+    elif "NoSuchBucket" in text or "ContainerNotFound" in text or "bucket does not exist" in text.lower():
+        reason, what = "bucket", f"bucket {bucket!r} does not exist"
+        hint = f"create the bucket first, or check the bucket name and the endpoint ({endpoint})"
+    elif isinstance(exc, FileNotFoundError) or "NoSuchKey" in text or "404" in text:
+        reason, what = "missing", "no such object"
+        hint = "check the URL; a store is complete only once its manifest.json exists"
+    elif any(w in text.lower() for w in ("connection refused", "error sending request", "dns error", "timed out",
+                                          "connect error", "tcp connect", "failed to lookup")):
+        reason, what = "endpoint", f"cannot reach the endpoint ({endpoint})"
+        hint = "check AWS_ENDPOINT_URL (scheme, host, port) and that the server is running and reachable from here"
+    else:
+        reason, what = "other", first[:300]
+        hint = "rerun the same command: interrupted work resumes; if it persists, check the endpoint and bucket"
+    url = str(loc)
+    return RemoteStoreError(f"{url}: {doing} failed: {what}.\nHINT: {hint}", url=url, reason=reason)
+
+
+def get_bytes(url: str | RemoteLocation) -> bytes:
+    """The whole object at ``url``."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        return bytes(obstore.get(_store(loc), loc.prefix).bytes())
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, "reading", exc) from None
+
+
+def put_bytes(url: str | RemoteLocation, data: bytes) -> None:
+    """Write ``data`` as the object at ``url`` (one request: it appears whole or not at all)."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        obstore.put(_store(loc), loc.prefix, data)
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, "writing", exc) from None
+
+
+def upload_file(path: str | os.PathLike[str], url: str | RemoteLocation) -> None:
+    """Upload a local file to ``url``; multipart above 16 MiB. The object appears only once complete."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        obstore.put(_store(loc), loc.prefix, Path(path), chunk_size=_MULTIPART, use_multipart=None)
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, f"uploading {path}", exc) from None
+
+
+def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> int:
+    """Stream the object at ``url`` into ``path`` (written beside it, renamed when whole); returns its size."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    size = 0
+    try:
+        result = obstore.get(_store(loc), loc.prefix)
+        with open(tmp, "wb") as f:
+            for chunk in result.stream(min_chunk_size=8 << 20):
+                f.write(chunk)
+                size += len(chunk)
+        os.replace(tmp, path)
+    except RemoteStoreError:
+        raise
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and "not found" in str(exc).lower() and "Object" in str(exc):
+            raise _error(loc, "downloading", exc) from None
+        raise RemoteStoreError(f"{loc}: downloading to {path} failed: {exc}.\nHINT: check that the local folder "
+                               "exists, is writable and has space", url=str(loc), reason="other") from None
+    except Exception as exc:
+        raise _error(loc, "downloading", exc) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return size
+
+
+def head(url: str | RemoteLocation) -> int | None:
+    """The size of the object at ``url``, or None when there is none."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        return int(obstore.head(_store(loc), loc.prefix)["size"])
+    except RemoteStoreError:
+        raise
+    except FileNotFoundError as exc:
+        if "NoSuchBucket" in str(exc):
+            raise _error(loc, "looking up", exc) from None
+        return None
+    except Exception as exc:
+        raise _error(loc, "looking up", exc) from None
+
+
+def list_prefix(url: str | RemoteLocation) -> list[tuple[str, int]]:
+    """``(url, size)`` of every object under ``url`` (a folder-like prefix), sorted by URL."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        store = _store(loc)
+        out = []
+        for batch in obstore.list(store, prefix=loc.prefix or None, chunk_size=1000):
+            for meta in batch:
+                out.append((str(RemoteLocation(loc.scheme, loc.bucket, meta["path"])), int(meta["size"])))
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, "listing", exc) from None
+    return sorted(out)
+
+
+def delete(url: str | RemoteLocation) -> None:
+    """Delete the object at ``url`` (no error when it is already gone)."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        obstore.delete(_store(loc), loc.prefix)
+    except RemoteStoreError:
+        raise
+    except FileNotFoundError:
+        return
+    except Exception as exc:
+        raise _error(loc, "deleting", exc) from None

@@ -1,0 +1,65 @@
+"""store/manifest.py: the manifest's JSON round trip and a named error for each bad field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fastload.errors import ManifestError
+from fastload.store.manifest import MANIFEST_VERSION, Manifest, ShardEntry
+
+SHA = "ab" * 32
+
+
+def _manifest() -> Manifest:
+    shards = (ShardEntry("shard-00000-of-00003", 0, 5, 1000, SHA), ShardEntry("shard-00001-of-00003", 5, 0, 100, SHA),
+              ShardEntry("shard-00002-of-00003", 5, 3, 900, SHA))
+    return Manifest(MANIFEST_VERSION, shards, ("cat", "dog"), 8, {"shuffle": False}, {"stored": 8, "skipped": []})
+
+
+def test_round_trip_and_locate():
+    m = _manifest()
+    assert Manifest.from_json(m.to_json()) == m
+    assert [m.locate(i) for i in (0, 4, 5, 7)] == [(0, 0), (0, 4), (2, 0), (2, 2)]
+    with pytest.raises(IndexError):
+        m.locate(8)
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.pop("shards"), "'shards' is missing"),
+    (lambda d: d.update(num_samples="8"), "'num_samples' must be int"),
+    (lambda d: d.update(num_samples=9), "num_samples is 9 but the shards hold 8"),
+    (lambda d: d["shards"][2].update(start=6), "shards[2].start is 6, expected 5"),
+    (lambda d: d["shards"][0].update(sha256="XYZ"), "shards[0].sha256"),
+    (lambda d: d["shards"][1].update(name="../evil"), "shards[1].name"),
+    (lambda d: d["shards"][1].pop("bytes"), "'shards[1].bytes' is missing"),
+    (lambda d: d.update(classes=[1, 2]), "'classes' must be a list of strings"),
+    (lambda d: d.update(format_version=MANIFEST_VERSION + 1), "format_version"),
+])
+def test_bad_field_is_named(edit, field):
+    d = json.loads(_manifest().to_json())
+    edit(d)
+    with pytest.raises(ManifestError) as err:
+        Manifest.from_json(json.dumps(d), where="s3://b/store/manifest.json")
+    assert field in str(err.value) and str(err.value).startswith("s3://b/store/manifest.json") and "HINT" in str(err.value)
+
+
+def test_not_json_is_named():
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        Manifest.from_json(b"{trunc", where="x")
+
+
+def test_sharded_store_without_manifest_is_incomplete(tiny_store, tmp_path):
+    import shutil
+
+    from fastload.errors import IncompleteStoreError
+    from fastload.store.reader import StoreReader
+
+    dst = tmp_path / "dst"
+    shutil.copytree(tiny_store, dst / "shard-00000-of-00001", ignore=shutil.ignore_patterns("lock.mdb", ".*"))
+    (dst / "plan.json").write_text("{}")
+    with pytest.raises(IncompleteStoreError, match="no manifest.json"):
+        StoreReader(dst)
+    (dst / "manifest.json").write_text("{}")
+    assert len(StoreReader(dst)) == 24

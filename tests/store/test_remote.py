@@ -1,0 +1,102 @@
+"""store/remote.py against a real S3 server (tests/s3.py): URLs, each operation, and the errors
+people meet (wrong credentials, missing bucket, unreachable endpoint) named in one line."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from fastload.errors import RemoteStoreError
+from fastload.store import remote
+
+
+def test_is_remote_and_parse():
+    assert remote.is_remote("s3://b/p/") and remote.is_remote("gs://b") and remote.is_remote("az://c/x")
+    assert not remote.is_remote("/tmp/x") and not remote.is_remote("relative/s3://x")
+    assert not remote.is_remote("http://host/x")
+    loc = remote.RemoteLocation.parse("s3://bucket/a/b/")
+    assert (loc.scheme, loc.bucket, loc.prefix) == ("s3", "bucket", "a/b")
+    assert str(loc.child("manifest.json")) == "s3://bucket/a/b/manifest.json"
+    assert str(remote.RemoteLocation.parse("s3://bucket").child("x")) == "s3://bucket/x"
+    assert loc.child("shard-00000-of-00002/data.mdb").name == "data.mdb"
+    with pytest.raises(RemoteStoreError, match="not an object-store URL"):
+        remote.RemoteLocation.parse("ftp://b/x")
+
+
+def test_operations_round_trip(s3_server, fresh_bucket, tmp_path):
+    base = f"s3://{fresh_bucket}/dir"
+    remote.put_bytes(f"{base}/a.bin", b"hello")
+    assert remote.get_bytes(f"{base}/a.bin") == b"hello"
+    assert remote.head(f"{base}/a.bin") == 5
+    assert remote.head(f"{base}/none.bin") is None
+    big = tmp_path / "big.bin"
+    payload = bytes(range(256)) * (20 * 4096 + 7)  # ~21 MB: a multipart upload
+    big.write_bytes(payload)
+    remote.upload_file(big, f"{base}/sub/big.bin")
+    assert remote.head(f"{base}/sub/big.bin") == len(payload)
+    out = tmp_path / "back.bin"
+    assert remote.download_file(f"{base}/sub/big.bin", out) == len(payload)
+    assert out.read_bytes() == payload
+    assert remote.list_prefix(base) == [(f"{base}/a.bin", 5), (f"{base}/sub/big.bin", len(payload))]
+    assert remote.list_prefix(f"s3://{fresh_bucket}/di") == []  # a prefix is a folder, not a string prefix
+    remote.delete(f"{base}/a.bin")
+    remote.delete(f"{base}/a.bin")  # already gone: fine
+    assert remote.head(f"{base}/a.bin") is None
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no partial download left
+
+
+def test_missing_object_is_named(s3_server, fresh_bucket):
+    url = f"s3://{fresh_bucket}/nothing/here.bin"
+    with pytest.raises(RemoteStoreError) as err:
+        remote.get_bytes(url)
+    assert err.value.reason == "missing" and str(err.value).startswith(url) and "HINT:" in str(err.value)
+
+
+def test_wrong_credentials_are_named(s3_server, fresh_bucket, monkeypatch):
+    remote.put_bytes(f"s3://{fresh_bucket}/x", b"1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(RemoteStoreError) as err:
+        remote.get_bytes(f"s3://{fresh_bucket}/x")
+    assert err.value.reason == "credentials"
+    assert f"s3://{fresh_bucket}/x" in str(err.value) and "AWS_SECRET_ACCESS_KEY" in str(err.value)
+
+
+def test_missing_bucket_is_named(s3_server):
+    with pytest.raises(RemoteStoreError) as err:
+        remote.list_prefix("s3://no-such-bucket-here/p")
+    assert err.value.reason == "bucket" and "no-such-bucket-here" in str(err.value)
+    with pytest.raises(RemoteStoreError) as err:
+        remote.put_bytes("s3://no-such-bucket-here/p/x", b"1")
+    assert err.value.reason == "bucket"
+
+
+def test_unreachable_endpoint_is_named(monkeypatch):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    with pytest.raises(RemoteStoreError) as err:
+        remote.get_bytes("s3://bucket/key")
+    assert err.value.reason == "endpoint" and f"127.0.0.1:{port}" in str(err.value)
+    assert "s3://bucket/key" in str(err.value)
+
+
+def test_error_survives_pickling():
+    import pickle
+
+    e = pickle.loads(pickle.dumps(RemoteStoreError("s3://b/k: x", url="s3://b/k", reason="bucket")))
+    assert (str(e), e.url, e.reason) == ("s3://b/k: x", "s3://b/k", "bucket")
+
+
+def test_server_listens_on_loopback_only(s3_server):
+    import psutil
+
+    procs = [psutil.Process(s3_server.proc.pid)]
+    procs += procs[0].children(recursive=True)
+    listening = [c.laddr for p in procs for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
