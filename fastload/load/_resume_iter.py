@@ -1,18 +1,21 @@
 """Torch's own DataLoader iterators, with the few hooks resume needs.
 
 Owns: subclasses of torch's ``_SingleProcessDataLoaderIter`` and
-``_MultiProcessingDataLoaderIter`` that (1) tell the loader when an epoch starts, when a
-batch is handed out and when the epoch ends or the workers shut down (so the loader can
-count batches and give back the intra-op threads it capped), (2) for an iterable dataset
-with workers, rotate the worker cycle to the worker the saved run would have read next and
-unwrap the per-worker dataset state carried with each batch; the index wrapper that
-rebuilds a resumed epoch's order; and the worker-side wrappers (``worker_init_fn``,
-``collate_fn``) that load per-worker states and seed each sample.
+``_MultiProcessingDataLoaderIter`` that (1) report to the loader's ``ResumeTracker``
+(``tracker.py``) when an epoch starts, a batch is handed out, a worker's dataset state
+arrives and the epoch ends (and give back the intra-op threads the loader capped), (2) for an
+iterable dataset with workers, rotate the worker cycle to the worker the saved run would have
+read next and unwrap the per-worker states carried with each batch; the index wrapper that
+rebuilds a resumed epoch's order; and the worker-side pieces: ``WorkerInit`` (around
+``worker_init_fn``: load a worker's saved dataset state, seed each sample) and
+``_tracked_fetch`` (torch's iterable fetch in a worker process, reporting the dataset's and its
+iterator's state with a batch, and the state a worker ended in, as torchdata does).
 
 Everything else, fetching, pinning, worker management, error propagation and the order of
 batches, is torch's code unchanged: that is what keeps ``fastload.DataLoader`` a drop-in.
 
-Must not: decide what a state contains or whether it fits (``state.py``), or touch samples.
+Must not: decide what a state contains or whether it fits (``state.py``, ``tracker.py``), or
+touch samples.
 """
 
 from __future__ import annotations

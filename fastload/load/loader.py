@@ -15,11 +15,13 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
   capped at ``max(1, cpus_per_process - num_workers)`` so main + workers do not
   oversubscribe the CPUs (``workers.py``). ``None`` leaves them alone; an int sets them.
   The previous count is restored when the epoch ends or the workers shut down.
-* ``state_dict()`` / ``load_state_dict(sd)``: torchdata ``StatefulDataLoader``'s API, built
-  on torch's own iterators (``_resume_iter.py``) so every batch is still made by torch's
-  code; exact mid-epoch resume and elastic resume across world sizes (``state.py``). Both
-  backends keep the same record (the thread pipeline reports to the same hooks) and write
-  the same state: one saved with ``backend="processes"`` resumes with ``"threads"`` and back.
+* ``state_dict()`` / ``load_state_dict(sd)`` and ``snapshot_every_n_steps``: torchdata
+  ``StatefulDataLoader``'s API, built on torch's own iterators (``_resume_iter.py``) so every
+  batch is still made by torch's code; exact mid-epoch resume and elastic resume across world
+  sizes (``state.py``), stateful iterable datasets resumed as torchdata does. Every iterator
+  (both backends) reports to one ``ResumeTracker`` (``tracker.py``) and the state is one typed
+  schema (``state.LoaderState``, checked field by field at load): one saved with
+  ``backend="processes"`` resumes with ``"threads"`` and back.
 * With a fastload preset transform (``train_transform()``), each sample's augmentation
   draws from an RNG seeded by ``(seed, epoch, index)`` (torch's, restored after, in
   processes; a generator of its own in threads), so it does not depend on which worker,
@@ -66,6 +68,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     Extra keyword-only arguments:
         main_threads: ``"auto"`` (default), ``None`` or an int; see the module docstring.
         backend: ``"processes"`` (default) or ``"threads"``; see the module docstring.
+        snapshot_every_n_steps: torchdata ``StatefulDataLoader``'s: how often workers send
+            an iterable dataset's state (1, default: with every batch; n: around every n-th
+            step, and a state taken in between reads the batches since again on resume;
+            0 or None: never, so a resume reads the epoch again up to where it stopped).
 
     Raises:
         SharedMemoryError: (when iterated) ``/dev/shm`` is too small for the workers' batches.

@@ -6,7 +6,7 @@ sample data), its validation (``check_state``: every mismatch is a ``ResumeState
 names the field, the saved and the current value), the dataset identity, per-sample
 augmentation seeds, and the segment arithmetic of elastic resume.
 
-The state (``version`` 1)::
+The state (``version`` 1; typed as ``LoaderState`` below, which validates every field)::
 
     format, version     "fastload.DataLoader", 1
     dataset             {"kind": "map" | "iterable", "len": n | None, "identity": str | None}
@@ -17,9 +17,18 @@ The state (``version`` 1)::
     generator           the loader's ``generator`` state now (so later epochs match), or None
     order               how the epoch's order is rebuilt (below), or None for a fresh epoch
     sample_seed         the seed of the per-sample augmentation RNG (fastload presets), or None
-    dataset_state       an iterable dataset's own ``state_dict()`` (``num_workers=0``)
-    workers             {"num_workers", "states", "next"}: per-worker dataset states
-                        (iterable dataset, ``num_workers > 0``)
+    dataset_state       an iterable dataset's own ``state_dict()`` (``num_workers=0``; None when
+                        the dataset is its own iterator: then ``fetcher.iter_state`` has it)
+    workers             {"num_workers", "states", "next", "iter_states", "ended", "replay"}:
+                        per-worker dataset and iterator states (iterable, ``num_workers > 0``)
+    fetcher             {"iter_state", "ended"} (optional): an iterable dataset's iterator state
+                        and whether it ran out (``num_workers=0``, mid-epoch)
+
+Iterable datasets follow torchdata's ``StatefulDataLoader`` (docs/resume-compat.md): the
+dataset's state is loaded before ``iter(dataset)`` and the iterator's after it; ``replay``
+counts the batches handed out since the workers' last snapshot (``snapshot_every_n_steps``),
+read again on resume. Fields added after version 1 first shipped (``fetcher``,
+``iter_states``, ``ended``, ``replay``, ``rng["loader"]``) are optional, so older states load.
 
 ``order`` is ``{"kind": "replay", "sampler": sampler_state | None, "rng": {...}}`` for every
 non-distributed sampler: the state the epoch's order was drawn from (the sampler's own
