@@ -69,8 +69,8 @@ _EXPORTS: dict[str, str] = {
     "Router": "fastload.serve.replicas",
     "ServeOptions": "fastload.serve.app",
     "run_server": "fastload.serve.app",
-    "watch": "fastload.measure.profile",
-    "profile": "fastload.measure.profile",
+    "watch": "fastload.profiling.profile",
+    "profile": "fastload.profiling.profile",
     # data
     "make_dataset": "fastload.datasets",
     "ensure_default_dataset": "fastload.datasets",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def _alone(store: str, size: int, seconds: float, out) -> None:
-    from fastload.measure.bench_loader import single_core_ceiling
+    from fastload.bench.loader import single_core_ceiling
 
     out.put(single_core_ceiling(Path(store), size, seconds))
 

@@ -17,6 +17,9 @@ With the longer side at ``2 × size`` (a 4:3 image then has its shorter side at
 FFCV's ImageNet configurations make the same trade (``max_resolution`` 256-512 for
 160-224 px training).
 
+Why in ``measure/``: the advice is a measurement (``timing.preset_ms_per_image`` in interleaved
+rounds), not a fact read off the machine; ``cli/`` calls it after ``convert`` and ``inspect``.
+
 Must not: write to the store; assert on timings.
 """
 

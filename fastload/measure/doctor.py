@@ -3,6 +3,10 @@
 Owns: gathering CPUs (affinity, cgroup quota), GPUs, local world size, the worker plan,
 the pinned-memory budget and the environment record (``env.py``, the same one written
 beside every result) into one report, and printing it. Reads only; changes nothing.
+
+Why in ``measure/``: the machine facts are the context of every measurement (the same
+record as ``env.py``, which ``report.py`` writes beside every result); ``profiling/`` quotes
+them from above. Must not: import ``profiling/`` or ``bench/``.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ with the CUDA build (``nvidia-dali-cuda120`` / ``-cuda130``, ``nvidia-nvimgcodec
 ``-cu13``) are found by prefix among the installed distributions, so a record never says
 "not installed" for a build it did not think of.
 
+Why in ``measure/``: ``report.py`` writes it beside every result; ``doctor.py``, ``profiling/``
+and ``bench/`` read it from here.
+
 Must not: print, or import DALI (versions come from package metadata).
 """
 

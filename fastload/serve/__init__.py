@@ -7,8 +7,8 @@ per device) behind one front with run-time fallback; ``routes.py`` is what every
 answers, served by ``http.py`` (with ``_conn.py``: the hardened standard-library front) or
 ``asgi.py`` (uvicorn + starlette, the ``serve`` extra); ``metrics.py`` is what they
 report; ``app.py`` runs all of it (``run_server``, what ``fastload serve`` calls) with the
-models of ``models.py``; ``bench.py`` load-tests it over loopback, before and after, and
-``bench_fronts.py`` puts the two fronts side by side.
+models of ``models.py``. Its benchmarks live in ``fastload/bench/`` (``serve.py`` load-tests it
+over loopback, before and after; ``fronts.py`` puts the two fronts side by side).
 """
 
 from fastload.serve.app import ServeOptions, run_server

@@ -26,7 +26,8 @@ Rounds interleave: round 1 runs every (load, configuration) point once, then rou
 drift on the machine reaches every configuration alike; each point reports the median
 over rounds and the range.
 
-Must not: import ``measure/`` (``serve/`` stands beside it); assert performance.
+Lives in ``bench/`` (the benchmarks' room, above ``serve/`` and ``measure/``): it drives ``serve/``
+from outside, as a client would. Must not: be imported by ``serve/``; assert performance.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ merging the per-rank files, and the outputs (``profile.json``, ``profile.png``,
 ``trace.json``, ``kineto-rank<R>.json`` on CUDA, optional TensorBoard scalars); and the
 in-script faces ``watch(loader)`` and ``with profile(out=...) as p``.
 
-Injection: the child gets ``fastload/measure/_inject`` first on ``PYTHONPATH`` (the user's
+Injection: the child gets ``fastload/profiling/_inject`` first on ``PYTHONPATH`` (the user's
 PYTHONPATH kept after it). Python imports ``sitecustomize`` from there at start-up in
 every interpreter the command starts (``python train.py``, ``python -m pkg.train``,
 ``torchrun`` and each of its ranks, spawned DataLoader workers); it imports the user's
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import MissingDependencyError, ProfileError
-from fastload.measure import _probe
-from fastload.measure import _profile_report as report
+from fastload.profiling import _probe
+from fastload.profiling import _profile_report as report
 
 __all__ = ["ProfileOptions", "run_profile", "watch", "profile", "Profile", "summarize_dir", "format_summary",
            "INJECT_DIR"]
@@ -225,7 +225,7 @@ class _Watched:
         _probe._SUPPRESS.on = True  # the DataLoader patch must not count these steps twice
         try:
             if rec.out is not None and hasattr(self.loader, "dataset"):
-                from fastload.measure._samples import prepare_loader
+                from fastload.profiling._samples import prepare_loader
 
                 prepare_loader(self.loader, rec.out)
             inner = iter(self.loader)
@@ -273,7 +273,7 @@ class Profile:
         return self
 
     def __exit__(self, kind, value, tb) -> bool:
-        from fastload.measure import _samples
+        from fastload.profiling import _samples
 
         rec = _probe.stop()
         if rec is not None:

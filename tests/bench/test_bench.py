@@ -61,7 +61,7 @@ def test_bench_loader_paths_ceilings_and_per_round_ratios(tiny_tree, tmp_path):
 
 
 def test_bench_loader_rotates_order_and_times_each_path_alone(tiny_tree, monkeypatch):
-    import fastload.measure.bench_loader as bl
+    import fastload.bench.loader as bl
 
     seen = []
     real = bl._time
@@ -84,7 +84,7 @@ def test_bench_loader_rotates_order_and_times_each_path_alone(tiny_tree, monkeyp
 
 
 def test_bench_loader_webp_folder_and_a_failing_path_is_skipped(tmp_path, monkeypatch):
-    import fastload.measure.bench_loader as bl
+    import fastload.bench.loader as bl
 
     tree = tmp_path / "tree"
     for c in ("a", "b"):
@@ -111,7 +111,7 @@ def test_bench_loader_webp_folder_and_a_failing_path_is_skipped(tmp_path, monkey
 
 
 def test_bench_convert_divides_by_the_validator_conversion_runs(tiny_tree, tmp_path):
-    import fastload.measure.bench_convert as bc
+    import fastload.bench.convert as bc
     import fastload.pack.convert as conv
 
     assert bc.VALIDATE_HANDLER == conv._HANDLER  # the same worker function, called by name
@@ -157,7 +157,7 @@ def test_bench_decode_times_every_method_or_says_why_not(tiny_tree, tmp_path):
 
 
 def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_tree):
-    import fastload.measure.bench_loader as bl
+    import fastload.bench.loader as bl
 
     opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, rounds=1,
                                  paths=("fastload", "fastload-threads"))
@@ -196,7 +196,7 @@ def test_spdl_path_hands_out_the_batch_contract_with_the_files_labels(tmp_path):
     import torch
 
     from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
-    from fastload.measure import _spdl_path
+    from fastload.bench import _spdl_path
 
     assert _spdl_path.unavailable() is None  # installed but FFmpeg missing is a failure here, not a skip
     samples = _spdl_path.folder_samples(_coded_tree(tmp_path / "tree"))
@@ -230,8 +230,8 @@ def test_spdl_path_hands_out_the_batch_contract_with_the_files_labels(tmp_path):
 
 
 def test_spdl_path_runs_in_bench_loader_or_is_skipped_with_the_install_hint(tiny_tree, tmp_path, monkeypatch):
-    import fastload.measure._spdl_path as sp
-    import fastload.measure.bench_loader as bl
+    import fastload.bench._spdl_path as sp
+    import fastload.bench.loader as bl
 
     opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, rounds=2,
                                  paths=("torchvision", "spdl"))
@@ -250,7 +250,7 @@ def test_spdl_path_runs_in_bench_loader_or_is_skipped_with_the_install_hint(tiny
 def test_spdl_path_names_the_file_it_cannot_decode(tmp_path):
     if importlib.util.find_spec("spdl") is None:
         pytest.skip("spdl is not installed (pip install 'fastload[spdl]')")
-    from fastload.measure import _spdl_path
+    from fastload.bench import _spdl_path
 
     tree = _coded_tree(tmp_path / "tree")
     (tree / "b" / "1.jpg").write_bytes(b"\xff\xd8 not a JPEG")

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
-from fastload.measure import _spdl_path as _spdl
+from fastload.bench import _spdl_path as _spdl
 from fastload.measure.rounds import rotated
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.measure.timing import one_torch_thread

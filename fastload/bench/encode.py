@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fastload.measure.bench_decode import DecodeBenchOptions
+from fastload.bench.decode import DecodeBenchOptions
 
 __all__ = ["EncodeBenchOptions", "EncodeBench", "bench_encode", "CANDIDATES"]
 

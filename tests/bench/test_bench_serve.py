@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from fastload.cli import main
-from fastload.serve.bench import CONFIGS, PillowEval, ServeBenchOptions
+from fastload.bench.serve import CONFIGS, PillowEval, ServeBenchOptions
 from helpers import jpeg_bytes, photo
 
 

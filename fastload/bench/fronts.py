@@ -3,7 +3,7 @@
 Owns: one real ``fastload serve`` process per front, both with the same model (the
 simulated device, or a torchvision model), preprocessing, batching and limits
 (``fastload serve``'s defaults: fastload's preprocessing on every CPU, the 8 ms window),
-the same open-loop Poisson arrivals sent to each from this process (``bench.run_load``),
+the same open-loop Poisson arrivals sent to each from this process (``bench/serve.py``'s ``run_load``),
 interleaved rounds (every round runs every load on every front, the order of the fronts
 alternating), the server's CPU time per answered request and its resident memory (psutil,
 sampled every 50 ms), and the table: each front's medians over rounds with their range,
@@ -13,7 +13,7 @@ Why a process per front: in one process the load generator's threads and the ser
 share the GIL and the CPU counters, so neither the latency nor the CPU per request would
 be the front's alone.
 
-Must not: import ``measure/``; assert performance.
+Must not: be imported by ``serve/``; assert performance.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastload.serve.bench import ServeBenchOptions, _bodies, _capacity, _median_point, run_load
+from fastload.bench.serve import ServeBenchOptions, _bodies, _capacity, _median_point, run_load
 
 __all__ = ["bench_fronts", "check_fronts", "format_fronts_table"]
 

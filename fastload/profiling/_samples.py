@@ -266,7 +266,7 @@ class _WorkerInit:
         import signal
 
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL and getattr(
-                signal.getsignal(signal.SIGTERM), "__module__", "") == "fastload.measure._probe":
+                signal.getsignal(signal.SIGTERM), "__module__", "") == "fastload.profiling._probe":
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's handler writes the parent's file
         if _STATS.pid != os.getpid():
             _STATS.reset(Path(self.out) if self.out else None)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from fastload.cli import main
 from fastload.image.policy import decode_reference
-from fastload.measure import bench_encode as be
+from fastload.bench import encode as be
 
 
 def test_every_candidate_is_measured_with_its_real_size_and_fidelity(tiny_tree, monkeypatch):

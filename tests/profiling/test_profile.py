@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 
 from fastload.cli import main
-from fastload.measure import _kineto
-from fastload.measure._profile_report import recommend
+from fastload.profiling import _kineto
+from fastload.profiling._profile_report import recommend
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH = 4
@@ -293,7 +293,7 @@ def test_watch_yields_exactly_the_batches_and_records_steps(tmp_path):
     import time
 
     import fastload
-    from fastload.measure import _probe
+    from fastload.profiling import _probe
 
     batches = [[i, i * 2] for i in range(12)]
 

@@ -2,7 +2,7 @@
 
 Python imports ``sitecustomize`` once at start-up. This one first imports the user's own
 ``sitecustomize`` (the next one on ``sys.path``) so their set-up still runs, then starts
-``fastload.measure._probe`` configured by the ``FASTLOAD_PROFILE_*`` environment. Any failure
+``fastload.profiling._probe`` configured by the ``FASTLOAD_PROFILE_*`` environment. Any failure
 here is reported on stderr and never stops the user's program.
 """
 
@@ -31,9 +31,9 @@ def _chain_user_sitecustomize() -> None:
 def _start() -> None:
     try:
         import fastload  # noqa: F401
-    except ImportError:  # fastload lives next to this folder: fastload/measure/_inject
+    except ImportError:  # fastload lives next to this folder: fastload/profiling/_inject
         sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(_here))))
-    from fastload.measure import _probe
+    from fastload.profiling import _probe
 
     _probe.install_from_env()
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastload.measure import _samples
+from fastload.profiling import _samples
 
 ENV_OUT = "FASTLOAD_PROFILE_OUT"
 ENV_STEPS = "FASTLOAD_PROFILE_STEPS"
@@ -52,17 +52,17 @@ def short_path(name: str) -> str:
 
 
 def _call_site() -> str:
-    """``file:line`` of the first frame outside torch and fastload's measure room: the user's ``for`` line."""
+    """``file:line`` of the first frame outside torch and fastload's profiling/measure/load: the user's ``for`` line."""
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
 
         _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
     frame = sys._getframe(2)
-    fastload_load = str(Path(_HERE).parent / "load")
+    ours = (_TORCH_DIR, _HERE, str(Path(_HERE).parent / "load"), str(Path(_HERE).parent / "measure"))
     while frame is not None:
         name = frame.f_code.co_filename
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_HERE) or name.startswith(fastload_load)):
+        if not name.startswith(ours):
             return f"{short_path(name)}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
@@ -260,7 +260,7 @@ class Recorder:
     def _stop_kineto(self) -> None:
         from torch.profiler import record_function
 
-        from fastload.measure._kineto import gpu_timeline
+        from fastload.profiling._kineto import gpu_timeline
 
         prof, self._kineto = self._kineto, None
         with record_function("fastload.window_end"):

@@ -1,6 +1,6 @@
 """What the profiler's own instrumentation costs: the same loop, plain and profiled, interleaved.
 
-Owns: ``bench_profile()`` and ``python -m fastload.measure.bench_profile``. Arms: ``plain``
+Owns: ``bench_profile()`` and ``python -m fastload.bench.profile``. Arms: ``plain``
 (a torch DataLoader loop), ``profiled`` (the same loop inside ``fastload.profile()``: the
 DataLoader patch, per-sample timing, the per-step records) and, on CUDA, ``kineto`` (every
 step inside the torch.profiler window). Each step does the same work in every arm: a
@@ -49,7 +49,7 @@ def _loop(steps: int, device: str, size: int) -> float:
 def bench_profile(*, steps: int = 200, rounds: int = 5, size: int = 192) -> dict[str, Any]:
     """Median seconds per step of each arm, and ratios to ``plain`` with their min..max over rounds."""
 
-    from fastload.measure.profile import profile
+    from fastload.profiling.profile import profile
 
     from fastload.system import resolve_device
 

@@ -1,0 +1,196 @@
+"""``fastload bench convert | loader | decode | encode | serve``: side-by-side benchmarks.
+
+The options every benchmark shares (DATA, ``--json``, printing the table) are written once
+in ``_common.py``; each command's defaults come from its options dataclass.
+
+Must not: import a room at module level (``--help`` stays fast); do the work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fastload.cli._common import Default, bench_data, data_or_default, emit, friendly, json_out_option
+
+# the options dataclasses the defaults are read from (imported when a default is needed)
+LOADER = "fastload.bench.loader:LoaderBenchOptions"
+DECODE = "fastload.bench.decode:DecodeBenchOptions"
+ENCODE = "fastload.bench.encode:EncodeBenchOptions"
+SERVE = "fastload.bench.serve:ServeBenchOptions"
+
+
+@click.group()
+def bench() -> None:
+    """Side-by-side benchmarks, reported as ratios against a baseline in the same run."""
+
+
+@bench.command("convert")
+@bench_data(file_okay=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes for every pass [default: the CPUs this process may use].")
+@json_out_option
+@friendly
+def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None:
+    """Conversion images/s against reading (cat) and read+validate of DATA, same pool.
+
+    read+validate runs conversion's own per-file worker (fastload.image.policy:prepare_file).
+
+    DATA is an ImageFolder tree or file list [default: the generated default dataset].
+    """
+    from fastload.bench.convert import bench_convert
+
+    result = bench_convert(data_or_default(data), workers=workers)
+    emit(result, json_out)
+
+
+@bench.command("loader")
+@bench_data()
+@click.option("--store", type=click.Path(exists=True, path_type=Path), default=None,
+              help="A store of DATA made by `fastload convert` [default: pack a temporary one].")
+@click.option("--workers", type=click.IntRange(min=0), default=Default(LOADER, "workers"), show_default=True,
+              help="DataLoader workers (DALI threads) for every path.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=Default(LOADER, "batch_size"), show_default=True)
+@click.option("--image-size", type=click.IntRange(min=8), default=Default(LOADER, "image_size"), show_default=True)
+@click.option("--batches", type=click.IntRange(min=1), default=Default(LOADER, "batches"), show_default=True,
+              help="Timed batches per path per round.")
+@click.option("--rounds", type=click.IntRange(min=1), default=Default(LOADER, "rounds"), show_default=True,
+              help="Interleaved rounds (path order rotated each round); the median is reported.")
+@click.option("--max-side", type=click.IntRange(min=8), default=None,
+              help="Also time a store packed with --max-side N (different data: labelled so).")
+@click.option("--reduced-encoding", type=click.Choice(["jpeg", "raw", "auto"]),
+              default=Default(LOADER, "reduced_encoding"), show_default=True,
+              help="--encoding of the --max-side store (raw: pixels, no decode when training).")
+@click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
+              "fastload-threads, fastload-reduced, webdataset, dali-cpu, spdl, ffcv.")
+@json_out_option
+@friendly
+def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
+                     json_out) -> None:
+    """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
+
+    DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
+    same workers, interleaved rounds in one process tree, each path's workers shut down
+    before the next is timed; ratios against torchvision, also per round. A path that
+    cannot run on DATA is reported skipped with the reason.
+    """
+    from fastload.bench.loader import LoaderBenchOptions, bench_loader
+
+    opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
+                              rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
+                              paths=tuple(paths) or None)
+    result = bench_loader(data_or_default(data), store=store, options=opts)
+    emit(result, json_out)
+
+
+@bench.command("decode")
+@bench_data()
+@click.option("--images", type=click.IntRange(min=1), default=Default(DECODE, "images"), show_default=True,
+              help="JPEGs of DATA to time (the first N).")
+@click.option("--rounds", type=click.IntRange(min=1), default=Default(DECODE, "rounds"), show_default=True,
+              help="Interleaved rounds; the median is reported.")
+@click.option("--size", type=click.IntRange(min=8), default=Default(DECODE, "size"), show_default=True,
+              help="Crop output side.")
+@json_out_option
+@friendly
+def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, json_out: Path | None) -> None:
+    """Milliseconds per image, one core: region vs full decode, simplejpeg vs Pillow, resize kernels.
+
+    DATA is a folder with JPEGs [default: the generated default dataset].
+    """
+    from fastload.bench.decode import DecodeBenchOptions, bench_decode
+
+    result = bench_decode(data_or_default(data), DecodeBenchOptions(images=images, rounds=rounds, size=size))
+    emit(result, json_out)
+
+
+@bench.command("encode")
+@bench_data()
+@click.option("--images", type=click.IntRange(min=1), default=Default(ENCODE, "images"), show_default=True,
+              help="Images of DATA to measure (the first N readable ones, any format).")
+@click.option("--rounds", type=click.IntRange(min=1), default=Default(ENCODE, "rounds"), show_default=True,
+              help="Interleaved timing rounds; the median is reported.")
+@click.option("--size", type=click.IntRange(min=8), default=Default(ENCODE, "size"), show_default=True,
+              help="Train preset crop size.")
+@json_out_option
+@friendly
+def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, json_out: Path | None) -> None:
+    """How to store non-JPEG sources: lossless PNG vs WebP lossless vs JPEG q95 4:4:4 (and q90 4:2:0).
+
+    Bits per pixel, encode cost, the train preset's time per image on one thread, and PSNR.
+    DATA is an image folder [default: the generated default dataset].
+    """
+    from fastload.bench.encode import EncodeBenchOptions, bench_encode
+
+    result = bench_encode(data_or_default(data), EncodeBenchOptions(images=images, rounds=rounds, size=size))
+    emit(result, json_out)
+
+
+@bench.command("serve")
+@click.option("--model", type=str, default=Default(SERVE, "model"), show_default=True,
+              help="'simulated' (a device that sleeps --batch-ms per batch) or a torchvision model (run on --device).")
+@click.option("--batch-ms", type=str, default=Default(SERVE, "batch_ms"), show_default=True,
+              help="The simulated device's ms per batch of n, 'A+B*n'.")
+@click.option("--max-batch", type=click.IntRange(min=1), default=Default(SERVE, "max_batch"), show_default=True)
+@click.option("--loads", type=str, default=Default(SERVE, "loads", lambda v: ",".join(f"{x:g}" for x in v)),
+              show_default=True,
+              help="Offered loads as fractions of the estimated capacity (past 1 is past saturation).")
+@click.option("--rates", default=None, help="Offered loads in requests/s instead, comma-separated.")
+@click.option("--configs", type=str, default=Default(SERVE, "configs", ",".join), show_default=True,
+              help="Which configurations to run, comma-separated.")
+@click.option("--rounds", type=click.IntRange(min=1), default=Default(SERVE, "rounds"), show_default=True,
+              help="Interleaved rounds; each point reports the median and the range.")
+@click.option("--duration", type=click.FloatRange(min=0.1), default=Default(SERVE, "duration_s"), show_default=True,
+              help="Seconds per point.")
+@click.option("--max-requests", type=click.IntRange(min=1), default=Default(SERVE, "max_requests"), show_default=True)
+@click.option("--image-size", type=click.IntRange(min=32), default=Default(SERVE, "image_size"), show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="fastload's preprocessing threads [default: the CPUs this process may use].")
+@click.option("--device", type=str, default=Default(SERVE, "device"), show_default=True,
+              help="Where the model runs: cpu, cuda, cuda:N, auto.")
+@click.option("--fronts", default=None,
+              help="Compare HTTP fronts instead of configurations: 'stdlib,asgi' runs each as a fastload serve "
+                   "process (its defaults) under the same load; adds server CPU per request and RSS.")
+@json_out_option
+@friendly
+def bench_serve_cmd(model, batch_ms, max_batch, loads, rates, configs, rounds, duration, max_requests, image_size,
+                    workers, device, fronts, json_out) -> None:
+    """Serving before/after: the seed's (Pillow, one at a time, 50 ms wait) vs fastload's, at several loads.
+
+    Open-loop Poisson load over loopback HTTP; throughput, p50/p99, device busy fraction.
+    With --fronts stdlib,asgi: the two HTTP fronts side by side instead.
+    """
+    from fastload.bench.serve import ServeBenchOptions, bench_serve, format_table, to_json
+
+    def floats(text: str, what: str) -> tuple[float, ...]:
+        try:
+            return tuple(float(x) for x in text.split(",") if x.strip())
+        except ValueError:
+            raise click.BadParameter(f"{what} must be comma-separated numbers, got {text!r}") from None
+
+    try:
+        opts = ServeBenchOptions(model=model, batch_ms=batch_ms, max_batch=max_batch, loads=floats(loads, "--loads"),
+                                 rates=floats(rates, "--rates") if rates else None,
+                                 configs=tuple(c.strip() for c in configs.split(",") if c.strip()), rounds=rounds,
+                                 duration_s=duration, max_requests=max_requests, image_size=image_size,
+                                 workers=workers, device=device)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    if fronts:
+        from fastload.serve.asgi import require
+        from fastload.bench.fronts import bench_fronts, check_fronts, format_fronts_table
+
+        chosen = tuple(f.strip() for f in fronts.split(",") if f.strip())
+        try:
+            check_fronts(chosen)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+        require()  # a missing serve extra fails here, not in a server process
+        report = bench_fronts(opts, chosen)
+        click.echo(format_fronts_table(report))
+    else:
+        report = bench_serve(opts)
+        click.echo(format_table(report))
+    if json_out:
+        json_out.write_text(to_json(report))

@@ -1,0 +1,227 @@
+"""``fastload convert | verify | inspect | dataset``: the commands that make, check and describe data.
+
+Must not: import a room at module level (``--help`` stays fast); do the work (each command
+builds options, calls one library function, prints).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from fastload.cli._common import Default, friendly, printable
+
+# the options dataclasses the defaults are read from (imported when a default is needed)
+CONVERT = "fastload.pack.convert:ConvertOptions"
+
+
+@click.command()
+@click.argument("src", type=click.Path(exists=True, path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--max-side", type=click.IntRange(min=8), default=None,
+              help="Downscale images whose LONGER side exceeds N to N (re-encoded as JPEG).")
+@click.option("--quality", type=click.IntRange(1, 100), default=None,
+              help="JPEG quality for re-encoding [default: 90 with --max-side]. Alone, re-encodes every image.")
+@click.option("--encoding", type=click.Choice(["jpeg", "raw", "auto"]), default=Default(CONVERT, "encoding"),
+              show_default=True,
+              help="jpeg: encoded images (originals where every decoder agrees); raw: RGB pixels, no decode when "
+                   "training (10-15x the bytes); auto: raw up to 256x256 pixels (after --max-side), jpeg above.")
+@click.option("--lossless", is_flag=True,
+              help="Keep non-JPEG sources (PNG, WebP, TIFF, ...) pixel-exact as PNG. By default they are stored as "
+                   "JPEG q95 4:4:4, which loads about 4-5x faster (see `fastload bench encode`); the PSNR is reported.")
+@click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
+              help="Training crop size the --max-side advice printed after the conversion is for.")
+@click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")
+@click.option("--seed", type=int, default=Default(CONVERT, "seed"), show_default=True, help="Seed for --shuffle.")
+@click.option("--num-shards", type=click.IntRange(min=1), default=Default(CONVERT, "num_shards"), show_default=True,
+              help="Split the dataset into K shards (one machine each).")
+@click.option("--shard-index", type=click.IntRange(min=0), default=Default(CONVERT, "shard_index"), show_default=True,
+              help="Which shard this run packs, written to DST/shard-IIIII-of-KKKKK.")
+@click.option("--strict", is_flag=True, help="Stop at the first unreadable file instead of skipping it.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Validation processes [default: the CPUs this process may use].")
+@click.option("--max-pixels", type=click.IntRange(min=1), default=Default(CONVERT, "max_pixels"), show_default=True,
+              help="Refuse larger images as decompression bombs (the default is Pillow's limit).")
+@click.option("--chunk-size", type=click.IntRange(min=1), default=Default(CONVERT, "chunk_size"), show_default=True,
+              help="Samples per write transaction.")
+@click.option("--max-file-bytes", type=click.IntRange(min=1), default=Default(CONVERT, "max_file_bytes"),
+              show_default=True, help="Skip files larger than this, unread (the default is 1 GiB).")
+@click.option("--follow-symlinks", is_flag=True,
+              help="Read symbolic links that point outside SRC (by default they are skipped and reported).")
+@click.option("--num-classes", type=click.IntRange(min=1), default=None,
+              help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@friendly
+def convert(src: Path, dst: Path, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
+            shard_index, strict, workers, max_pixels, chunk_size, max_file_bytes, follow_symlinks, num_classes,
+            quiet) -> None:
+    """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
+
+    Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.
+    Interrupt it at any moment and rerun the same command to resume. When the stored images
+    are far larger than --train-size needs, it measures and prints the --max-side that would
+    load faster.
+    """
+    from fastload.pack.convert import ConvertOptions
+    from fastload.pack.convert import convert as run
+
+    if shard_index >= num_shards:
+        raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
+    if lossless and (max_side is not None or quality is not None):
+        raise click.BadParameter("cannot be combined with --max-side or --quality, which re-encode as lossy JPEG "
+                                 "(for exact downscaled pixels: --max-side N --encoding raw)", param_hint="--lossless")
+    opts = ConvertOptions(max_side=max_side, quality=quality, encoding=encoding, lossless=lossless,
+                          shuffle=shuffle, seed=seed,
+                          num_shards=num_shards, shard_index=shard_index, strict=strict, workers=workers,
+                          chunk_size=chunk_size, max_pixels=max_pixels,
+                          max_file_bytes=max_file_bytes, follow_symlinks=follow_symlinks,
+                          num_classes=num_classes, progress=not quiet)
+    report = run(src, dst, opts)
+    for w in report.warnings:
+        click.echo(f"warning: {printable(w)}", err=True)
+    click.echo(report.summary_line())
+    for s in report.skipped[:20]:
+        click.echo(f"  skipped {printable(s['relpath'])}: {printable(s['reason'])}")
+    if len(report.skipped) > 20:
+        click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
+    _print_reasons(report.canonicalised, report.reencoded_reasons, report.lossy, indent="  ")
+    if max_side is None and report.stored and not report.already_complete and num_shards == 1:
+        advice = _advice(report.dst, train_size)
+        if isinstance(advice, str) or advice.speedup is not None:  # measured only for images far larger
+            click.echo(advice if isinstance(advice, str) else advice.message(str(src)))
+
+
+def _advice(store: Path, train_size: int):
+    """The --max-side advice, or one line saying why it is missing: the store is written either way."""
+    from fastload.measure.advice import max_side_advice
+
+    try:
+        return max_side_advice(store, size=train_size)
+    except Exception as exc:  # noqa: BLE001 - advice is extra; a failure must not fail the command
+        return f"--max-side advice not measured: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+
+
+def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: str) -> None:
+    for reason, n in canonicalised.items():
+        click.echo(f"{indent}canonicalised {n}: {reason}")
+    for reason, n in reencoded.items():
+        click.echo(f"{indent}re-encoded {n}: {reason}")
+    if lossy.get("count"):
+        median = lossy["psnr_median"]
+        median = f"{median:.1f}" if isinstance(median, (int, float)) else "/".join(f"{m:.1f}" for m in median if m)
+        click.echo(f"{indent}lossy writes {lossy['count']}: PSNR min {lossy['psnr_min']:.1f} dB, median {median} dB "
+                   "(against the pixels encoded)")
+
+
+@click.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--no-decode", is_flag=True, help="Check checksums only; do not decode.")
+@click.option("--decoders", default="fastload", show_default=True,
+              help="Comma-separated decoders to check every record with: fastload (the loaders' fast path), "
+                   "pil, torchvision, simplejpeg, dali; or 'all'.")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Reader processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@friendly
+def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, quiet: bool) -> None:
+    """Re-read every record of STORE: metadata and record checksums, and a decode with each decoder
+    (crash-isolated), compared with Pillow's pixels; exit 1 on any problem."""
+    from fastload.store.check import DECODERS, report_json, verify_store
+
+    names = DECODERS if decoders.strip() == "all" else tuple(d.strip() for d in decoders.split(",") if d.strip())
+    unknown = [d for d in names if d not in DECODERS]
+    if unknown:
+        raise click.BadParameter(f"unknown decoder {unknown[0]!r}; valid: {', '.join(DECODERS)}, all",
+                                 param_hint="--decoders")
+    report = verify_store(store, decode=not no_decode, decoders=names, workers=workers,
+                          progress=not quiet and not as_json)
+    if as_json:
+        click.echo(report_json(report))
+    else:
+        for i, rel, why in report.failures:
+            click.echo(f"sample {i} ({printable(rel)}): {why}")
+        state = "OK" if report.ok else f"{len(report.failures)} problems"
+        per = ", ".join(f"{d} {len(ix)} bad" for d, ix in report.by_decoder().items() if ix)
+        checked = "checksums" + (f", decoders {', '.join(report.decoders)}" if report.decoders else "")
+        click.echo(f"{store}: {report.count} samples checked, {state} ({checked}" + (f"; {per})" if per else ")"))
+    if not report.ok:
+        sys.exit(1)
+
+
+@click.command()
+@click.argument("store", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
+@click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
+              help="Training crop size for the --max-side advice.")
+@click.option("--advise/--no-advise", default=True, show_default=True,
+              help="Sample the store and, when its images are far larger than --train-size needs, measure and "
+                   "print the --max-side that would load faster (a few seconds on big images).")
+@friendly
+def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
+    """Show what STORE holds: count, classes, bytes, encodings, options, completeness, size advice."""
+    from fastload.store.check import inspect_store
+
+    info = inspect_store(store)
+    advice = None
+    if advise and info["complete"] and info["count"]:
+        advice = _advice(store, train_size)
+        info["max_side_advice"] = advice if isinstance(advice, str) else advice.to_json()
+    if as_json:
+        click.echo(json.dumps(info, indent=1))
+        return
+    if not info["complete"]:
+        click.echo(f"{store}: INCOMPLETE\n{info['problem']}")
+        sys.exit(1)
+    click.echo(f"{info['path']}: complete, format v{info['format_version']}"
+               + (f", {info['shards']} shards" if info["shards"] else ""))
+    click.echo(f"  samples   {info['count']}  ({info['bytes'] / 1e6:.1f} MB, {info['bytes_per_image'] / 1e3:.1f} kB "
+               f"an image, {info['skipped']} skipped at conversion)")
+    click.echo(f"  source    {info['source']['kind']} {info['source']['path']}")
+    click.echo(f"  encodings {', '.join(f'{k} {v}' for k, v in info['encodings'].items())}")
+    click.echo(f"  stored as {', '.join(f'{k} {v}' for k, v in info['stored_as'].items())}")
+    _print_reasons(info["canonicalised"], info["reencoded"], info["lossy"], indent="    ")
+    opts = info["options"] if isinstance(info["options"], dict) else info["options"][0]
+    click.echo("  options   " + ", ".join(f"{k}={v}" for k, v in opts.items() if k not in ("shard_index",)))
+    click.echo(f"  classes   {len(info['classes'])}")
+    for name, n in info["classes"].items():
+        click.echo(f"    {n:8d}  {name}")
+    if advice is not None:
+        click.echo(f"  size      {advice if isinstance(advice, str) else advice.message(info['source']['path'])}")
+
+
+@click.command("dataset")
+@click.argument("directory", type=click.Path(path_type=Path), required=False)
+@click.option("--classes", "num_classes", type=click.IntRange(1, 16), default=None,
+              help="Number of classes [default: 10].")
+@click.option("--per-class", type=click.IntRange(min=1), default=None, help="Images per class [default: 80].")
+@click.option("--seed", type=int, default=None, help="Seed [default: 0].")
+@click.option("--min-side", type=click.IntRange(min=16), default=None,
+              help="Shorter side of the images, at least [default: 200]; e.g. 3000 for a folder of 12-24 MP photos.")
+@click.option("--max-side", type=click.IntRange(min=16), default=None, help="Longer side, at most [default: 800].")
+@click.option("--png-every", type=click.IntRange(min=0), default=None,
+              help="Every N-th image of a class is a PNG (0: none) [default: 40].")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
+@friendly
+def dataset(directory: Path | None, num_classes, per_class, seed, min_side, max_side, png_every, quiet) -> None:
+    """Generate the default dataset (synthetic photos, made offline) (an ImageFolder tree) and print its path.
+
+    Without DIRECTORY it goes to the cache (~/.cache/fastload, or $FASTLOAD_CACHE), where
+    recipes find it.
+    """
+    from dataclasses import replace
+
+    from fastload.datasets import DEFAULT_SPEC, default_dataset_dir, make_dataset
+
+    overrides = {k: v for k, v in {"num_classes": num_classes, "per_class": per_class, "seed": seed,
+                                    "min_side": min_side, "max_side": max_side, "png_every": png_every}.items()
+                 if v is not None}
+    spec = replace(DEFAULT_SPEC, **overrides)
+    if directory is None:
+        if overrides:
+            raise click.BadParameter("options that change the data need an explicit DIRECTORY",
+                                     param_hint="DIRECTORY")
+        directory = default_dataset_dir()
+    click.echo(make_dataset(directory, spec, progress=not quiet))
