@@ -1,7 +1,8 @@
 """``convert(source, dst, options) -> ConvertReport``: pack a dataset into an LMDB store.
 
 Owns: the conversion run. Worker processes (``_pool.imap_isolated``) read, validate and,
-when needed, canonicalise or re-encode each file (``image.policy.prepare``); this process
+when needed, canonicalise or re-encode each file (``pack.work.prepare_item``: typed
+``PrepareOptions`` in, ``Prepared | Rejected`` out, around ``image.policy.prepare``); this process
 commits them in order through ``store.writer.StoreWriter``, in chunked transactions, each
 carrying a chunk record of what it consumed. A rerun finds the committed chunks and
 continues after them, so SIGKILL at any moment and a rerun give the same records as one
@@ -26,13 +27,14 @@ from fastload.errors import ConvertError
 from fastload.image.policy import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ENCODING_CHOICES
 from fastload._pool import imap_isolated
 from fastload.pack.sources import Source, open_source
+from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt
 from fastload.store.writer import StoreWriter
 
 __all__ = ["ConvertOptions", "ConvertReport", "convert", "REPORT_NAME"]
 
 REPORT_NAME = "report.json"
-_HANDLER = "fastload.image.policy:prepare_file"  # what workers run per file ("module:function")
+_HANDLER = "fastload.pack.work:prepare_item"  # what workers run per file ("module:function")
 _CHUNK_BYTES = 64 << 20
 
 
@@ -299,11 +301,9 @@ def _fill(report: ConvertReport, header: dict[str, Any]) -> None:
     report.bytes_stored = header["bytes"]
 
 
-def validator_options(options: ConvertOptions, src: Source) -> dict[str, Any]:
-    """What every worker's ``prepare_file`` gets besides the path (``bench convert`` times the same call)."""
-    return {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality,
-            "encoding": options.encoding, "lossless": options.lossless, "max_file_bytes": options.max_file_bytes,
-            "inside": None if options.follow_symlinks else os.path.realpath(src.root)}
+def validator_options(options: ConvertOptions, src: Source) -> PrepareOptions:
+    """What every worker's ``prepare_item`` gets besides the path (``bench convert`` times the same call)."""
+    return PrepareOptions.from_convert(options, src)
 
 
 def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOptions,
@@ -341,13 +341,13 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
         for j, ok, value in imap_isolated(_HANDLER, init, payloads, workers):
             rel, label = src.items[todo[j]]
             chunk.consumed += 1
-            if ok and value[0] == "ok":
-                _, data, encoding, stored_as, reason, fidelity = value
+            if ok and isinstance(value, Prepared):
+                data = value.data
                 puts.append((fmt.sample_key(stored + chunk.stored), data))
-                chunk.add(label=label, crc32=zlib.crc32(data), encoding=encoding, stored_as=stored_as,
-                          reason=reason, path=rel, nbytes=len(data), psnr=fidelity)
+                chunk.add(label=label, crc32=zlib.crc32(data), encoding=value.encoding, stored_as=value.stored_as,
+                          reason=value.reason, path=rel, nbytes=len(data), psnr=value.psnr)
             else:
-                reason = value[1] if ok else value
+                reason = value.reason if isinstance(value, Rejected) else value
                 chunk.skipped.append({"relpath": rel, "reason": reason})
                 bar.set_postfix(skipped=sum(len(c.skipped) for c in chunks) + len(chunk.skipped))
                 if options.strict:

@@ -75,6 +75,16 @@ class Source:
     def abspath(self, relpath: str) -> str:
         return os.path.join(self.root, relpath)
 
+    def sizes(self) -> list[int]:
+        """Each item's file size in bytes (0 when it cannot be read), in item order."""
+        out = []
+        for rel, _ in self.items:
+            try:
+                out.append(os.stat(self.abspath(rel)).st_size)
+            except OSError:
+                out.append(0)
+        return out
+
     def fingerprint(self, indices: list[int] | None = None) -> str:
         """sha256 over the kind, classes and the given items' (default: all) path, label, size, mtime."""
         h = hashlib.sha256()
@@ -254,3 +264,77 @@ def open_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
     if p.is_dir():
         return image_folder(p, exclude=exclude)
     return file_list(p, num_classes=num_classes)
+
+
+@dataclass(frozen=True)
+class RemoteSource(Source):
+    """A source in object storage: ``root`` is the URL prefix, sizes come from the listing."""
+
+    object_sizes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def abspath(self, relpath: str) -> str:
+        return f"{str(self.root).rstrip('/')}/{relpath}"
+
+    def sizes(self) -> list[int]:
+        return [self.object_sizes.get(rel, 0) for rel, _ in self.items]
+
+    def fingerprint(self, indices: list[int] | None = None) -> str:
+        """sha256 over the kind, classes and the given items' (default: all) key, label and size."""
+        h = hashlib.sha256()
+        h.update(self.kind.encode())
+        h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
+        for i in range(len(self.items)) if indices is None else indices:
+            rel, label = self.items[i]
+            h.update(f"\n{rel}\0{label}\0{self.object_sizes.get(rel, -1)}".encode("utf-8", "surrogateescape"))
+        return h.hexdigest()
+
+
+def remote_source(url: str, *, num_classes: int | None = None) -> RemoteSource:
+    """An ImageFolder layout under an object-store prefix (``s3://bucket/prefix/<class>/<image>``),
+    or a file list object (``.csv``/``.tsv``) whose paths are keys relative to the list's prefix."""
+    import tempfile
+
+    from fastload.store import remote
+
+    url = url.rstrip("/")
+    if url.lower().endswith((".csv", ".tsv", ".txt")):
+        base = url.rsplit("/", 1)[0]
+        with tempfile.TemporaryDirectory(prefix="fastload-list-") as tmp:
+            local = Path(tmp) / url.rsplit("/", 1)[1]
+            remote.download_file(url, local)
+            listed = file_list(local, num_classes=num_classes)
+        rels = [rel for rel, _ in listed.items]
+        sizes = dict(remote.list_prefix(base))
+        object_sizes = {rel: sizes.get(f"{base}/{rel}", -1) for rel in rels}
+        return RemoteSource("filelist", url, base, listed.classes, listed.items,  # type: ignore[arg-type]
+                            list(listed.warnings), object_sizes)
+    objects = remote.list_prefix(url)
+    if not objects:
+        raise SourceError(f"{url}: no objects under this prefix.\nHINT: an ImageFolder layout is "
+                          "PREFIX/<class>/<image>; check the bucket and prefix.")
+    rel_sizes = {u[len(url) + 1:]: size for u, size in objects}
+    by_class: dict[str, list[str]] = {}
+    for rel in rel_sizes:
+        if "/" in rel and _is_image_name(rel):
+            by_class.setdefault(rel.split("/", 1)[0], []).append(rel)
+    classes = sorted(by_class)
+    if not classes:
+        raise SourceError(f"{url}: no image files ({', '.join(IMG_EXTENSIONS)}) in any class folder.\nHINT: an "
+                          "ImageFolder layout is PREFIX/<class>/<image>.")
+    items = [(rel, label) for label, name in enumerate(classes) for rel in sorted(by_class[name])]
+    return RemoteSource("imagefolder", url, url, classes, items, [],  # type: ignore[arg-type]
+                        {rel: rel_sizes[rel] for rel, _ in items})
+
+
+def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
+                    num_classes: int | None = None) -> Source:
+    """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs, and
+    ``pack.containers.container_source`` for WebDataset tar shards and Parquet files (local or remote)."""
+    from fastload.pack.containers import container_source, is_container_source
+    from fastload.store.remote import is_remote
+
+    if is_container_source(str(path)):
+        return container_source(path)
+    if is_remote(str(path)):
+        return remote_source(str(path), num_classes=num_classes)
+    return open_source(path, exclude=exclude, num_classes=num_classes)

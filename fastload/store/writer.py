@@ -116,13 +116,16 @@ class StoreWriter:
     Args:
         path: the store directory (created if missing).
         map_size: the first LMDB map size in bytes; it doubles whenever it is full.
+        meminit: zero new pages before use (LMDB's ``MDB_NOMEMINIT`` off). Sharded conversion
+            needs it: without it, unused parts of pages hold whatever memory held, and two runs
+            of the same shard differ in those bytes.
 
     Raises:
         ConvertError: ``path`` is a file, a folder that is not a store, or cannot be opened
             for writing (the message says why and what to do).
     """
 
-    def __init__(self, path: Path, *, map_size: int) -> None:
+    def __init__(self, path: Path, *, map_size: int, meminit: bool = False) -> None:
         import lmdb
 
         self.path = path
@@ -144,7 +147,7 @@ class StoreWriter:
         self._lock_fd = _take_lock(path)
         try:
             self.env = lmdb.open(str(path), map_size=map_size, subdir=True, readonly=False, lock=True,
-                                 sync=True, metasync=True, meminit=False, max_dbs=0)
+                                 sync=True, metasync=True, meminit=meminit, max_dbs=0)
         except (OSError, lmdb.Error) as exc:
             self._unlock()
             raise ConvertError(f"cannot open {path} for writing: {exc}\n{io_hint(exc, path)}") from exc
