@@ -25,9 +25,11 @@ when their labels differ.
 
 Hostile trees: names that are not valid UTF-8 are kept as Python keeps them
 (``surrogateescape``: the original bytes round-trip); directory links that loop back are
-walked once; a destination folder inside the tree is left out of the scan.
+walked once; a destination folder inside the tree is left out of the scan; trees of any
+depth are walked without recursion. An image file given as the source is refused with a
+message saying what a source is.
 
-Must not: open or decode images.
+Must not: decode images (a file given as SRC is only sniffed, to tell an image from a list).
 """
 
 from __future__ import annotations
@@ -109,6 +111,42 @@ def _inside(path: Path, outer: Path) -> bool:
     return path == outer or outer in path.parents
 
 
+def _walk(top: str, skip: tuple[Path, ...]) -> list[tuple[str, list[str]]]:
+    """``(dirpath, file names)`` of every folder under ``top``, as ``os.walk(top, followlinks=True)``
+    lists them, but with a stack instead of recursion: a tree thousands of levels deep is walked,
+    not a ``RecursionError``. Each real folder is listed once (link loops), and folders inside
+    ``skip`` not at all; folders that cannot be listed are passed over, as ``os.walk`` does."""
+    out: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    outside = [str(s) for s in skip]
+    stack = [(top, os.path.realpath(top))]  # (path, real path): a plain folder's real path is its parent's + name
+    while stack:
+        dirpath, real = stack.pop()
+        if real in seen or any(real == s or real.startswith(s.rstrip(os.sep) + os.sep) for s in outside):
+            continue  # a link loop, or the destination store: do not descend
+        seen.add(real)
+        dirs, files = [], []
+        try:
+            with os.scandir(dirpath) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir()  # follows links, as followlinks=True does
+                        link = is_dir and entry.is_symlink()
+                    except OSError:
+                        is_dir = link = False
+                    if is_dir:
+                        dirs.append((entry.name, link))
+                    else:
+                        files.append(entry.name)
+        except OSError:
+            continue
+        out.append((dirpath, files))
+        for name, link in reversed(dirs):
+            path = os.path.join(dirpath, name)
+            stack.append((path, os.path.realpath(path) if link else os.path.join(real, name)))
+    return out
+
+
 def image_folder(root: str | os.PathLike[str], *, exclude: tuple[Path, ...] = ()) -> Source:
     """List an ImageFolder tree in torchvision's order (``exclude``: folders left out, e.g. DST)."""
     root = Path(root).resolve()
@@ -122,16 +160,7 @@ def image_folder(root: str | os.PathLike[str], *, exclude: tuple[Path, ...] = ()
         )
     items: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
-        seen: set[str] = set()
-        walk = []
-        for dirpath, dirnames, fnames in os.walk(root / name, followlinks=True):
-            real = os.path.realpath(dirpath)
-            if real in seen or any(_inside(Path(real), s) for s in skip):
-                dirnames[:] = []  # a link loop, or the destination store: do not descend
-                continue
-            seen.add(real)
-            walk.append((dirpath, fnames))
-        for dirpath, fnames in sorted(walk):
+        for dirpath, fnames in sorted(_walk(str(root / name), skip)):
             for fname in sorted(fnames):
                 if _is_image_name(fname):
                     items.append((os.path.relpath(os.path.join(dirpath, fname), root), label))
@@ -263,7 +292,35 @@ def open_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
         raise SourceError(f"{p} does not exist.")
     if p.is_dir():
         return image_folder(p, exclude=exclude)
+    kind = _image_kind(p)
+    if kind is not None:
+        raise SourceError(
+            f"{p} is an image ({kind}), not a source: SRC must be a folder (an ImageFolder tree, "
+            "ROOT/<class>/<image>) or a file list (CSV/TSV lines of path,label).\nHINT: pass the folder that "
+            "holds the class folders, or write a file list naming the images."
+        )
     return file_list(p, num_classes=num_classes)
+
+
+def _image_kind(path: Path) -> str | None:
+    """The image format of ``path``, or None: its magic bytes say an image and it is binary (a NUL
+    byte, or not UTF-8, in its first 4 KB), so a list whose first path starts "BM" stays a list."""
+    from fastload.image.formats import sniff
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    kind = sniff(head)
+    if kind is None:
+        return None
+    try:
+        head.decode("utf-8")
+        binary = b"\0" in head
+    except UnicodeDecodeError as exc:
+        binary = exc.start < len(head) - 4  # not just a character cut at the 4 KB boundary
+    return kind.upper() if binary else None
 
 
 @dataclass(frozen=True)

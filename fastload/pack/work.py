@@ -10,7 +10,9 @@ Must not: write stores or decide placement (``engines.py`` does).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import warnings
 from dataclasses import dataclass
 
 from fastload.image.formats import BadImage
@@ -55,6 +57,8 @@ class Prepared:
     reason: str | None
     psnr: float | None
     source_bytes: int
+    salvaged: str | None = None  # what was repaired so that Pillow reads it (docs/jpeg-damage.md)
+    warnings: tuple[str, ...] = ()  # what the decoders warned about on this file
 
 
 @dataclass(frozen=True)
@@ -62,10 +66,20 @@ class Rejected:
     """One file skipped, and why (the report names it)."""
 
     reason: str
+    warnings: tuple[str, ...] = ()  # what the decoders warned about on this file
 
 
 def prepare_item(location: str, options: PrepareOptions) -> Prepared | Rejected:
-    """Read and prepare one file: a local path, or ``s3://...`` (also ``tar://`` / ``parquet://`` members)."""
+    """Read and prepare one file: a local path, or ``s3://...`` (also ``tar://`` / ``parquet://`` members).
+    Decoder (Pillow) warnings are caught and handed back with the value, for the report, not printed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = _prepare_item(location, options)
+    said = tuple(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    return dataclasses.replace(out, warnings=out.warnings + said) if said else out
+
+
+def _prepare_item(location: str, options: PrepareOptions) -> Prepared | Rejected:
     if location.startswith(("member:", "row:")):  # inside a tar shard or a Parquet file (pack/containers.py)
         from fastload.pack.containers import read_member
 
@@ -83,7 +97,7 @@ def prepare_item(location: str, options: PrepareOptions) -> Prepared | Rejected:
             return Rejected(str(exc))
         except MemoryError:
             return Rejected("out of memory while decoding")
-        return Prepared(p.data, p.encoding, p.stored_as, p.reason, p.psnr, len(data))
+        return Prepared(p.data, p.encoding, p.stored_as, p.reason, p.psnr, len(data), p.salvaged)
     if remote.is_remote(location):
         try:
             size = remote.head(location)
@@ -97,14 +111,15 @@ def prepare_item(location: str, options: PrepareOptions) -> Prepared | Rejected:
             return Rejected(str(exc))
         except MemoryError:
             return Rejected("out of memory while decoding")
-        return Prepared(p.data, p.encoding, p.stored_as, p.reason, p.psnr, len(data))
+        return Prepared(p.data, p.encoding, p.stored_as, p.reason, p.psnr, len(data), p.salvaged)
     value = prepare_file(location, {**options.policy_keywords(), "max_file_bytes": options.max_file_bytes,
                                     "inside": options.inside})
+    notes = value[-1]  # the decoders' warnings and any repair (``prepare_file``)
     if value[0] != "ok":
-        return Rejected(value[1])
-    _, data, encoding, stored_as, reason, psnr = value
+        return Rejected(value[1], tuple(notes["warnings"]))
+    _, data, encoding, stored_as, reason, psnr, _ = value
     try:
         nbytes = os.path.getsize(location)
     except OSError:
         nbytes = 0
-    return Prepared(data, encoding, stored_as, reason, psnr, nbytes)
+    return Prepared(data, encoding, stored_as, reason, psnr, nbytes, notes["salvaged"], tuple(notes["warnings"]))

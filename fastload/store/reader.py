@@ -179,6 +179,15 @@ def read_meta(env, path: Path) -> fmt.StoreMeta:
                             done += fmt.ChunkRecord.from_bytes(v).stored
                         except (ValueError, TypeError):
                             raise fmt.damaged(path, "one of its chunk records is unreadable") from None
+                from fastload.store.writer import lock_holder
+
+                writer = lock_holder(path)
+                if writer is not None:
+                    raise IncompleteStoreError(
+                        f"{path} is being written: its conversion ({writer}) is still running, "
+                        f"{done} samples so far; the metadata record comes last.\nHINT: wait for that "
+                        "`fastload convert` to finish, then open the store."
+                    )
                 raise IncompleteStoreError(
                     f"{path} is incomplete: its conversion stopped after {done} samples and never "
                     "wrote the metadata record.\nHINT: rerun the same `fastload convert` command to "
