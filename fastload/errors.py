@@ -8,6 +8,7 @@
     │   ├── IncompleteStoreError       conversion never finished (metadata record missing)
     │   ├── StoreVersionError          written by another fastload format version
     │   ├── StoreDamagedError          metadata or LMDB file damaged (checksum, truncated copy, LMDB error)
+    │   │   └── StoreChangedError      its data.mdb was rewritten or replaced while it was being read
     │   ├── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
     │   ├── ManifestError              a sharded store's manifest.json is unreadable or invalid
     │   ├── RemoteStoreError           an object-store operation failed (names the URL: credentials,
@@ -45,6 +46,7 @@ __all__ = [
     "IncompleteStoreError",
     "StoreVersionError",
     "StoreDamagedError",
+    "StoreChangedError",
     "ChecksumError",
     "ManifestError",
     "RemoteStoreError",
@@ -103,6 +105,10 @@ class ShardIntegrityError(ShardCacheError):
 
 class CacheFullError(ShardCacheError):
     """The shard cache has no room: ``cache_limit`` is held by shards readers have open, or the disk is full."""
+
+
+class StoreChangedError(StoreDamagedError):
+    """A store's data.mdb changed (size, inode or modification time) while a reader had it open."""
 
 
 class ConvertError(FastloadError):
