@@ -70,7 +70,8 @@ def read_files(out: Path) -> tuple[dict[int, dict], dict[int, list[dict]]]:
 
 
 def _sample_figures(files: list[dict], dataset: str | None) -> dict[str, Any] | None:
-    keys = ("n", "total_s", "cpu_s", "read_s", "decode_s", "transform_s", "runqueue_s", "runqueue_wall_s")
+    keys = ("n", "total_s", "cpu_s", "read_s", "decode_s", "transform_s", "runqueue_s", "runqueue_wall_s",
+            "download_s")
     total: dict[str, Any] = {k: 0 for k in keys}
     total["transforms"] = {}
     for f in files:
@@ -85,6 +86,8 @@ def _sample_figures(files: list[dict], dataset: str | None) -> dict[str, Any] | 
         return None
     s = total["total_s"]
     parts = {k: total[k + "_s"] / s for k in ("read", "decode", "transform")}
+    if total["download_s"] > 0:  # a remote store: blocked on a shard download (only then a part of its own)
+        parts["download"] = min(1.0, total["download_s"] / s)
     parts["other"] = max(0.0, 1.0 - sum(parts.values()))
     floats = sum(v for k, v in total["transforms"].items() if k in FLOAT_TRANSFORMS) / s
     cpu_share = min(1.0, total["cpu_s"] / s)
@@ -92,8 +95,18 @@ def _sample_figures(files: list[dict], dataset: str | None) -> dict[str, Any] | 
     return {"n": total["n"], "per_sample_ms": s / total["n"] * 1e3, "cpu_share": cpu_share,
             "runqueue_share": None if rq is None else min(1.0 - cpu_share, rq),
             "blocked_share": max(0.0, 1.0 - cpu_share - (rq or 0.0)),
-            "parts": parts, "float_transform_share": floats,
+            "parts": parts, "float_transform_share": floats, "shard_cache": _cache_figures(files),
             "transforms": {k: v / s for k, v in sorted(total["transforms"].items(), key=lambda kv: -kv[1])}}
+
+
+def _cache_figures(files: list[dict]) -> dict[str, Any] | None:
+    """The shard cache's counters summed over this rank's processes (training process and workers), or None
+    when no process read a remote store."""
+    seen = [f["shard_cache"] for f in files if f.get("shard_cache")]
+    if not seen:
+        return None
+    return {k: sum(c.get(k, 0) for c in seen) for k in ("downloads", "bytes_downloaded", "hits", "wait_s",
+                                                         "download_s")}
 
 
 def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
@@ -176,6 +189,10 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
     else:
         fig.update(gpu_idle_fraction=wait_fraction, idle_source="host-clock", input_bound_idle_fraction=wait_fraction,
                    kineto=kineto)
+    # the loop's wait attributed to the parts of the sample time in proportion (exact with num_workers=0, where
+    # the wait is the samples' time): the download part's share is the time the loop waited for shard downloads
+    sm = fig["samples"]
+    fig["download_wait_fraction"] = fig["input_bound_idle_fraction"] * sm["parts"].get("download", 0.0) if sm else 0.0
     return fig
 
 
@@ -229,6 +246,11 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{k} {v:.0%}" for k, v in sm["parts"].items()) + f"; on a CPU {sm['cpu_share']:.0%}"
             + ("" if sm.get("runqueue_share") is None else f", waiting for a CPU {sm['runqueue_share']:.0%}")
             + f", blocked {sm['blocked_share']:.0%}")
+    cache = (sm or {}).get("shard_cache")
+    if cache:
+        lines.append(f"  shard downloads: the loop waited for them {s.get('download_wait_fraction', 0.0):.0%} of "
+                     f"step time; {cache['downloads']} downloads ({cache['bytes_downloaded'] / 1e6:.1f} MB), readers "
+                     f"blocked {cache['wait_s']:.1f} s in all, {cache['hits']} cache hits")
     if s.get("ranks"):
         for r in s["ranks"]:
             lines.append(f"  rank {r['rank']}: {r['images_per_s']:.1f} images/s, "
@@ -303,8 +325,9 @@ def plot(figs: list[dict], summary: dict[str, Any], path: Path) -> str | None:
     sm = summary["samples"]
     if sm:
         left = 0.0
-        for (name, share), color in zip(sm["parts"].items(), ("tab:orange", "tab:red", "tab:green", "tab:gray")):
-            ax2.barh([0], [share], left=left, color=color, label=name)
+        colors = {"read": "tab:orange", "decode": "tab:red", "transform": "tab:green", "download": "tab:purple"}
+        for name, share in sm["parts"].items():
+            ax2.barh([0], [share], left=left, color=colors.get(name, "tab:gray"), label=name)
             left += share
         ax2.set(xlim=(0, 1), yticks=[], title=f"sample time ({sm['per_sample_ms']:.1f} ms)")
         ax2.legend(fontsize=8, loc="lower center", ncol=2)

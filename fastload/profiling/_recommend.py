@@ -39,7 +39,9 @@ from fastload.profiling._snippet import loader_snippet, store_snippet, uint8_sni
 
 INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
 PARTS = {"read": "opening files (PIL Image.open)", "decode": "image decode in PIL (load/convert)",
-         "transform": "torchvision transforms", "other": "the dataset's own code outside PIL and transforms"}
+         "transform": "torchvision transforms", "download": "waiting for shard downloads of the remote store",
+         "other": "the dataset's own code outside PIL and transforms"}
+STORAGE_BOUND = 0.30  #: download wait at least this share of sample time, and its largest part: storage-bound
 
 
 def predict_step(n: int, *, c: float, tb: float, tcpu: float, cpus: int, step_cores: float = 0.0) -> float:
@@ -130,7 +132,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         cores = min(float(cpus), step_cpu["wanted_cores"] if step_cpu.get("wanted_cores") is not None
                     else step_cpu["cores"])
     details = []
-    cpu_bound_verdict = None
+    cpu_bound_verdict = storage_verdict = None
     if samples:
         tb = s["images_per_step"] * samples["per_sample_ms"] / 1e3
         share = samples["cpu_share"]
@@ -210,6 +212,10 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                 f"loading needs {tcpu / T:.1f}); more workers cannot help "
                 f"(num_workers={tried}: predicted {ratio.get(tried, min(cap, T / step_time(tried))):.2f}x)")
         n_after = (w_now, best)
+        if parts.get("download", 0.0) >= STORAGE_BOUND and top == "download":
+            storage_verdict = (f"storage-bound: the loop waited for shard downloads "
+                               f"{s.get('download_wait_fraction', bound * parts['download']):.0%} of the time")
+            recs.extend(_storage_recs(s, gain(tb * (1 - parts["download"]), tcpu, n_after)))
         if parts["read"] >= 0.15:
             recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
                          "stage": "lmdb",
@@ -250,8 +256,36 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
     recs.sort(key=lambda r: -r["expected_gain"])
     if cpu_bound_verdict:
         return "; ".join([cpu_bound_verdict, where, *details]), recs
+    if storage_verdict:
+        return "; ".join([storage_verdict, where, *details]), recs
     verdict = "input-bound: " + "; ".join([where, *details])
     return verdict, recs
+
+
+def _storage_recs(s: dict[str, Any], warm_gain: float) -> list[dict[str, Any]]:
+    """What shortens the wait for shard downloads: a cache that holds the store (later epochs download
+    nothing: the download part is gone), deeper prefetch (when the link has room), and the shard size."""
+    cache = (s.get("samples") or {}).get("shard_cache") or {}
+    rate = cache["bytes_downloaded"] / cache["download_s"] / 1e6 if cache.get("download_s") else None
+    per = cache["bytes_downloaded"] / cache["downloads"] / 1e6 if cache.get("downloads") else None
+    return [
+        {"change": "cache_limit at least the store's size (on a local disk)", "stage": "storage",
+         "expected_gain": warm_gain,
+         "why": "from the second epoch on every shard is read from the node cache: no download wait (the first "
+                "epoch still downloads every shard once)",
+         "code": 'ds = LMDBImageDataset("s3://bucket/store/", cache_dir="/local/nvme/cache", cache_limit="<store size>")'},
+        {"change": "prefetch deeper: fastload.ShardSampler(ds, window=8) as the DataLoader's sampler",
+         "stage": "storage", "expected_gain": warm_gain,
+         "why": "the next window's shards download while the current one is read; a bigger window starts them "
+                "earlier (the cache must hold 2 windows per rank). It helps only while the link has room"
+                + (f": downloads ran at {rate:.1f} MB/s per process" if rate else ""),
+         "code": "loader = DataLoader(ds, batch_size=..., sampler=fastload.ShardSampler(ds, window=8), ...)"},
+        {"change": "shard size: fewer, larger shards if each is small (per-request latency), smaller ones if the "
+                   "first batch waits long", "stage": "storage", "expected_gain": warm_gain,
+         "why": "a shard is fetched whole before any of its samples is read"
+                + (f"; shards here average {per:.1f} MB" if per else ""),
+         "code": "fastload convert DIR s3://bucket/store/ --shard-size 256MB"},
+    ]
 
 
 def _code(created: str | None, changes: dict[str, Any]) -> str:

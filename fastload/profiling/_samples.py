@@ -5,7 +5,9 @@ each DataLoader worker's CPU time (``WorkerSampler``), the
 wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
 wraps of ``PIL.Image.open`` (read: opening the file and parsing its header),
 ``Image.load`` / ``Image.convert`` (decode) and torchvision's ``Compose.__call__``
-(transform, timed per transform so ToTensor/Normalize can be told apart), and the
+(transform, timed per transform so ToTensor/Normalize can be told apart), the time a
+sample was blocked on a shard download of a remote store (download: the growth of
+``fastload.store.cache``'s ``wait_s`` counter during ``__getitem__``), and the
 ``samples-rank<R>-<pid>.json`` file each process writes. Every 8th sample also reads the
 thread's run-queue wait (``/proc/thread-self/schedstat``), which tells time waiting for a
 CPU (an oversubscribed machine) from time blocked (I/O, sleep). Time inside ``__getitem__`` that
@@ -84,7 +86,7 @@ class SampleStats:
         with self._lock:
             d = self.by_dataset.setdefault(key, {"n": 0, "total_s": 0.0, "cpu_s": 0.0, "read_s": 0.0,
                                                  "decode_s": 0.0, "transform_s": 0.0, "transforms": {},
-                                                 "runqueue_s": 0.0, "runqueue_wall_s": 0.0})
+                                                 "runqueue_s": 0.0, "runqueue_wall_s": 0.0, "download_s": 0.0})
             d["n"] += 1
             if runqueue is not None:
                 d["runqueue_s"] += runqueue[0]
@@ -92,7 +94,7 @@ class SampleStats:
             d["total_s"] += wall
             d["cpu_s"] += cpu
             for k, v in parts.items():
-                d[k + "_s"] += v
+                d[k + "_s"] = d.get(k + "_s", 0.0) + v
             for k, v in transforms.items():
                 d["transforms"][k] = d["transforms"].get(k, 0.0) + v
         if self.pid == self.main_pid:
@@ -113,7 +115,11 @@ class SampleStats:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {"pid": self.pid, "rank": _rank(), "by_dataset": json.loads(json.dumps(self.by_dataset))}
+            snap = {"pid": self.pid, "rank": _rank(), "by_dataset": json.loads(json.dumps(self.by_dataset))}
+        cache = sys.modules.get("fastload.store.cache")  # a remote store was read here: its counters
+        if cache is not None:
+            snap["shard_cache"] = cache.stats()
+        return snap
 
     def flush(self) -> None:
         if self.out is None or not self.by_dataset or self.pid != os.getpid():
@@ -172,6 +178,8 @@ def _wrap_getitem(cls: type) -> None:
         if st.depth:
             return original(self, index)
         st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
+        cache = sys.modules.get("fastload.store.cache")  # time blocked on a shard download is its own part
+        w0 = cache._STATS.wait_s if cache is not None else None
         st.count = getattr(st, "count", 0) + 1
         q0 = _runqueue_s() if st.count % SCHED_EVERY == 0 else None
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -184,6 +192,8 @@ def _wrap_getitem(cls: type) -> None:
                 q1 = _runqueue_s()
                 rq = None if q1 is None else (q1 - q0, wall)
             st.depth = 0
+            if w0 is not None:
+                st.parts["download"] = max(0.0, cache._STATS.wait_s - w0)
             _STATS.add(key, wall, cpu, st.parts, st.transforms, rq)
 
     __getitem__._fastload_profile = True  # type: ignore[attr-defined]
