@@ -69,9 +69,16 @@ class LMDBImageDataset(torch.utils.data.Dataset):
             sequential scans, and for random reads of a store larger than RAM it fills the
             page cache with pages nobody asked for.
 
+    Attributes:
+        time_to_first_batch: for a URL, seconds from ``iter(loader)`` to the first batch of the
+            latest epoch a ``fastload.DataLoader`` read from it (None before; also logged at INFO
+            on the ``fastload`` logger, and on the loader as ``loader.time_to_first_batch``).
+
     Raises:
         NotAStoreError, IncompleteStoreError, StoreVersionError: ``path`` is unusable.
     """
+
+    time_to_first_batch: float | None = None
 
     def __init__(self, path: str | os.PathLike[str], transform: Callable | None = None,
                  target_transform: Callable | None = None, *, on_error: str = "raise",

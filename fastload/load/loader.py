@@ -42,6 +42,8 @@ Must not: change what a batch contains (that is the dataset's and collate's busi
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import TypeVar
 
 import torch
@@ -56,6 +58,7 @@ from fastload.load.dataset import LMDBImageDataset
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
 BACKENDS = ("processes", "threads")
+log = logging.getLogger("fastload")
 
 __all__ = ["DataLoader"]
 
@@ -140,7 +143,26 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Epochs started so far (what the automatic ``set_epoch`` received last, plus one)."""
         return self._epoch
 
+    time_to_first_batch: float | None = None  #: seconds from ``iter()`` to the first batch of the latest epoch
+
+    def first_batch_arrived(self, epoch: int) -> None:
+        """The tracker's call at an epoch's first batch: record the time since ``iter()`` on the loader and on
+        the dataset (``time_to_first_batch``); for a store in object storage, log it (INFO, ``fastload``)."""
+        t0 = self.__dict__.get("_fl_iter_t0")
+        if t0 is None:
+            return
+        seconds = self.__dict__["time_to_first_batch"] = time.perf_counter() - t0
+        self.__dict__["_fl_iter_t0"] = None
+        if getattr(self.dataset, "remote", False):
+            try:
+                self.dataset.time_to_first_batch = seconds
+            except AttributeError:
+                pass
+            log.info("fastload: first batch of epoch %d from %s after %.2f s (num_workers=%d)", epoch,
+                     getattr(self.dataset, "root", "?"), seconds, self.num_workers)
+
     def __iter__(self):
+        self.__dict__["_fl_iter_t0"] = time.perf_counter()
         if self._auto_sampler:
             self.sampler.set_epoch(self._epoch)
         self._epoch += 1

@@ -206,6 +206,10 @@ class ResumeTracker:
         if rec is None:
             return
         rec.batches += 1
+        if rec.batches == 1:  # this iterator's first batch: the loader times it (time to first batch)
+            loader = self._loader()
+            if loader is not None and hasattr(loader, "first_batch_arrived"):
+                loader.first_batch_arrived(rec.epoch)
         if rec.workers is not None and self.snapshot_every and rec.position % self.snapshot_every == 0:
             rec.snapshot, rec.snapshot_at = rec.workers, rec.position
 
