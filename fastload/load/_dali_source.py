@@ -1,7 +1,9 @@
 """The parallel ``external_source`` callback that feeds DALI from a store.
 
 Kept apart from ``dali.py`` because DALI's Python workers (started with ``spawn``) unpickle
-it: importing this module must stay cheap (numpy and the store reader, no torch, no DALI).
+it: importing this module must stay cheap (numpy and the store reader, no torch, no DALI). A
+remote store's reader (``RemoteStoreReader``) pickles without its leases and threads: each
+spawned worker leases shards from the node cache itself (one download per shard per node).
 
 Order: one global permutation of all samples per epoch, from ``(seed, epoch)``, the same
 on every rank; rank ``r`` of ``w`` takes every ``w``-th sample of it, padded by wrapping
@@ -33,7 +35,7 @@ class StoreSource:
     def __init__(self, reader: StoreReader, batch_size: int, *, shuffle: bool, seed: int, rank: int = 0,
                  world: int = 1, drop_last: bool = False) -> None:
         self.reader = reader
-        self.labels = reader.labels
+        self.labels = getattr(reader, "labels", None)  # a remote store's labels live in its shards: read per sample
         self.n = len(reader)
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.rank, self.world = rank, world
@@ -96,4 +98,5 @@ class StoreSource:
                 raise StopIteration
             index = self.replace(int(self.order(sample_info.epoch_idx + self.epoch_offset)[k % self.per_rank]))
         data = np.frombuffer(self.reader.get(index), dtype=np.uint8)
-        return data, np.array([self.labels[index]], dtype=np.int64), np.array([index], dtype=np.int64)
+        label = self.labels[index] if self.labels is not None else self.reader.label(index)
+        return data, np.array([label], dtype=np.int64), np.array([index], dtype=np.int64)

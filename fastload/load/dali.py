@@ -119,6 +119,9 @@ class DALIOptions:
         hw_decoder_load: share of JPEG decoding sent to the GPU's hardware decoder (A100,
             H100/H200 have one; ignored elsewhere and on the CPU).
         prefetch_queue_depth: batches DALI prepares ahead.
+        cache_dir, cache_limit: a store in object storage: the node's shard cache and the bytes it
+            may hold (as ``LMDBImageDataset``'s). The loader reads in the same global order as from
+            the local store, so every shard is needed each epoch: give it room for the store.
     """
 
     resize: int = 256
@@ -132,6 +135,8 @@ class DALIOptions:
     device_id: int | None = None
     hw_decoder_load: float = 0.65
     prefetch_queue_depth: int = 2
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
 
     def __post_init__(self) -> None:
         if self.py_workers < 1 or self.prefetch_queue_depth < 1 or self.resize < 1:
@@ -146,8 +151,10 @@ class DALILoader:
     """Batches from a DALI pipeline over a store or an ImageFolder tree.
 
     Args:
-        source: a store written by ``fastload convert`` (or a shard directory), or an
-            ImageFolder tree.
+        source: a store written by ``fastload convert`` (or a shard directory), an
+            ImageFolder tree, or the URL of a sharded store in object storage (``s3://...``):
+            read through the node's shard cache (``options.cache_dir``/``cache_limit``), the
+            same batches as from the local copy of the store.
         batch_size: samples per batch.
         train: random-resized crop + flip (True) or resize + center crop (False).
         size: output side.
@@ -193,7 +200,10 @@ class DALILoader:
             from fastload.load.workers import auto_num_workers
 
             num_threads = max(1, auto_num_workers())
-        self.source = Path(source)
+        from fastload.store.remote import is_remote
+
+        self.remote = is_remote(str(source))
+        self.source = str(source).rstrip("/") + "/" if self.remote else Path(source)
         self.batch_size, self.train, self.size = batch_size, train, size
         self.device, self.num_threads = device, int(num_threads)
         self.seed = seed
@@ -215,7 +225,7 @@ class DALILoader:
         self.shard_id, self.num_shards = shard_id, num_shards
         self.device_id = (opt.device_id if opt.device_id is not None else torch.cuda.current_device()) \
             if device == "gpu" else None
-        self.from_store = _is_store(self.source)
+        self.from_store = self.remote or _is_store(self.source)
         if on_error == "skip" and not self.from_store:
             raise ValueError("on_error='skip' needs a store (DALI's file reader cannot replace a file); pack the "
                              "folder with `fastload convert` first, it skips and reports bad files.")
@@ -223,7 +233,12 @@ class DALILoader:
             from fastload.load._dali_source import StoreSource
             from fastload.store.reader import StoreReader
 
-            self._reader = StoreReader(self.source)
+            if self.remote:  # DALI's spawned workers unpickle it and lease shards from the same node cache
+                from fastload.store.remote_store import RemoteStoreReader
+
+                self._reader = RemoteStoreReader(self.source, cache_dir=opt.cache_dir, cache_limit=opt.cache_limit)
+            else:
+                self._reader = StoreReader(self.source)
             self._src = StoreSource(self._reader, batch_size, shuffle=self.shuffle, seed=seed, rank=shard_id,
                                     world=num_shards, drop_last=drop_last)
             self.samples_per_epoch = self._src.epoch_samples
@@ -415,7 +430,7 @@ class DALILoader:
                 try:
                     decode_rgb_fast(self._reader.get(index))
                 except Exception as bad:
-                    found.append(sample_error(self.source, index, self._reader.paths[index], bad))
+                    found.append(sample_error(self.source, index, self._reader.relpath(index), bad))
                     if not every:
                         break
             return found or [CorruptSampleError(f"{self.source}: DALI failed on a batch near iteration {iteration} "

@@ -176,3 +176,30 @@ def test_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp
         assert loader.time_to_first_batch < first
     finally:
         proxy.close()
+
+
+@pytest.mark.dali
+@pytest.mark.parametrize("train", [False, True])
+def test_dali_loader_from_the_node_cache_gives_the_local_batches(store_url, local_shards, tmp_path, train):
+    from fastload.dali import DALILoader, DALIOptions
+
+    def batches(source, **options):
+        ld = DALILoader(source, 5, train=train, device="cpu", num_threads=1, size=32, seed=1, return_index=True,
+                        options=DALIOptions(**options))
+        try:
+            return [[(x.numpy(), y.tolist(), i.tolist()) for x, y, i in ld] for _epoch in range(2)]
+        finally:
+            ld.close()
+
+    before = downloads()
+    local = batches(local_shards)
+    remote_batches = batches(store_url, cache_dir=str(tmp_path / "cache"), cache_limit="1GB")
+    assert len(remote_batches[0]) == len(local[0]) == 5  # 24 samples in batches of 5
+    for epoch_r, epoch_l in zip(remote_batches, local):
+        for (xr, yr, ir), (xl, yl, il) in zip(epoch_r, epoch_l, strict=True):
+            assert ir == il and yr == yl
+            assert (xr == xl).all()
+    # DALI's spawned workers download into the node cache: each shard once, whatever the epochs
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*/*") if p.is_dir() and not p.name.startswith(".")) \
+        == sorted(p.name for p in local_shards.iterdir() if p.is_dir())
+    assert downloads() == before  # not this process: the workers read, and the loader's labels come from them
