@@ -2,8 +2,9 @@
 127.0.0.1 only), a generated tree converted into K shards and published with its manifest, then
 `fastload bench loader --remote` (fastload.bench.remote) against the same shards on local disk.
 
-Usage: python tools/bench_remote_loopback.py PER_CLASS SHARDS OUT.json ROUNDS
-(10 classes of PER_CLASS images, 200-400 px JPEGs; the server is stopped at the end)."""
+Usage: python tools/bench_remote_loopback.py PER_CLASS SHARDS OUT.json ROUNDS [--mosaic]
+(10 classes of PER_CLASS images, 200-400 px JPEGs; the server is stopped at the end). --mosaic: also
+the same images as MosaicML Streaming MDS (its writer, ~4 MB shards) on the same server."""
 import json
 import os
 import sys
@@ -30,8 +31,14 @@ def main():
         url = "s3://bench/store/"
         man = publish(store, url)
         print("store", man.num_samples, "samples", len(man.shards), "shards", sum(e.bytes for e in man.shards) / 1e6, "MB", flush=True)
-        from fastload.bench.remote import RemoteBenchOptions, bench_remote
-        r = bench_remote(store, url, RemoteBenchOptions(workers=2, batch_size=64, image_size=128, rounds=int(sys.argv[4])))
+        from fastload.bench.remote import RemoteBenchOptions, bench_remote, write_mds
+        mosaic = None
+        if "--mosaic" in sys.argv:
+            os.environ["S3_ENDPOINT_URL"] = srv.endpoint  # streaming's boto3 client
+            mosaic = "s3://bench/mds/"
+            write_mds(store, mosaic)
+        r = bench_remote(store, url, RemoteBenchOptions(workers=2, batch_size=64, image_size=128, rounds=int(sys.argv[4])),
+                         mosaic_url=mosaic)
         print(r.table())
         Path(sys.argv[3]).write_text(json.dumps(r.to_json(), indent=1))
     finally:

@@ -8,6 +8,13 @@ eval preset, one whole epoch per round. Reported per path: images/s (median of t
 each round's ratio to ``local`` in that round), time to first batch, and bytes the node
 downloaded in the epoch (from the cache's own log, all processes).
 
+With ``mosaic_url`` (the same images written by MosaicML Streaming's ``MDSWriter`` to the same
+server, columns ``image: bytes`` and ``label: int``; ``write_mds`` writes it), two more paths:
+``mosaic-cold`` and ``mosaic-warm``, ``streaming.StreamingDataset`` (its default shuffle) through
+torch's ``DataLoader`` with the same workers, batch size and eval transform (decode with PIL,
+as its users do). Its "downloaded" column is the bytes of its local cache after the epoch (cold)
+or 0 (warm: nothing was missing).
+
 Must not: assert on timings, or start a server (point ``AWS_ENDPOINT_URL`` at one).
 """
 
@@ -23,6 +30,7 @@ from pathlib import Path
 __all__ = ["RemoteBenchOptions", "RemotePath", "RemoteBench", "bench_remote"]
 
 PATHS = ("local", "remote-cold", "remote-warm")
+MOSAIC_PATHS = ("mosaic-cold", "mosaic-warm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +81,62 @@ def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -
     return n / total, first or 0.0, got, n
 
 
+def write_mds(store: str | Path, out: str, *, size_limit: int | str = 1 << 22) -> int:
+    """Write every sample of the local ``store`` (its stored bytes and label) as MosaicML MDS to ``out``
+    (a local folder or ``s3://`` URL: ``streaming`` uploads it, endpoint from ``S3_ENDPOINT_URL``). Returns
+    the samples written."""
+    from streaming import MDSWriter
+
+    import fastload
+
+    ds = fastload.LMDBImageDataset(store)
+    with MDSWriter(out=out, columns={"image": "bytes", "label": "int"}, size_limit=size_limit) as w:
+        for i in range(len(ds)):
+            w.write({"image": ds.get_bytes(i), "label": int(ds.targets[i])})
+    return len(ds)
+
+
+def _mosaic_dataset(o: RemoteBenchOptions):
+    import io
+
+    from PIL import Image
+    from streaming import StreamingDataset
+
+    import fastload
+
+    transform = fastload.eval_transform(size=o.image_size)
+
+    class _Images(StreamingDataset):
+        def __getitem__(self, index):
+            s = super().__getitem__(index)
+            with Image.open(io.BytesIO(s["image"])) as im:
+                return transform(im.convert("RGB")), s["label"]
+
+    return _Images
+
+
+def _mosaic_epoch(url: str, o: RemoteBenchOptions, local: Path) -> tuple[float, float, int, int]:
+    import torch
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    cold = not local.exists()
+    t0 = time.perf_counter()
+    ds = _mosaic_dataset(o)(remote=url, local=str(local), shuffle=True, shuffle_seed=0, batch_size=o.batch_size)
+    # torch's DataLoader, as its docs do: fastload.DataLoader would take its state_dict(num_samples,
+    # from_beginning) for torchdata's Stateful one and fail in the workers
+    loader = torch.utils.data.DataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
+    n, first = 0, None
+    for x, _y in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        n += len(x)
+    total = time.perf_counter() - t0
+    del loader, ds
+    got = sum(f.stat().st_size for f in local.rglob("*.mds")) if cold else 0
+    return n / total, first or 0.0, got, n
+
+
 class RemoteBench:
     """The result: ``table()`` for people, ``to_json()`` for files."""
 
@@ -86,19 +150,29 @@ class RemoteBench:
         return table(self.data)
 
 
-def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None = None) -> RemoteBench:
-    """Time ``local`` (a folder of shards) against ``url`` (the same store in a bucket); see the module docstring."""
+def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None = None, *,
+                 mosaic_url: str | None = None) -> RemoteBench:
+    """Time ``local`` (a folder of shards) against ``url`` (the same store in a bucket), and against
+    ``mosaic_url`` (the same images as MosaicML MDS) when given; see the module docstring."""
     o = options or RemoteBenchOptions()
     work = Path(tempfile.mkdtemp(prefix="fastload-bench-remote-"))
     warm = work / "warm"
+    paths = PATHS + (MOSAIC_PATHS if mosaic_url else ())
     try:
         _epoch((url,), o, warm)  # fills the warm cache (not timed)
-        results = {p: RemotePath(p) for p in PATHS}
+        if mosaic_url:
+            _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
+        results = {p: RemotePath(p) for p in paths}
         for k in range(o.rounds):
-            order = PATHS[k % 3:] + PATHS[: k % 3]
+            order = paths[k % len(paths):] + paths[: k % len(paths)]
             this = {}
             for p in order:
-                if p == "local":
+                if p == "mosaic-cold":
+                    r = _mosaic_epoch(mosaic_url, o, work / f"mosaic-cold{k}")
+                    shutil.rmtree(work / f"mosaic-cold{k}", ignore_errors=True)
+                elif p == "mosaic-warm":
+                    r = _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
+                elif p == "local":
                     r = _epoch((str(local),), o, None)
                 elif p == "remote-cold":
                     cold = work / f"cold{k}"
@@ -110,7 +184,7 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
                 results[p].images_per_s.append(r[0])
                 results[p].first_batch_s.append(r[1])
                 results[p].downloaded.append(r[2])
-            for p in PATHS:
+            for p in paths:
                 results[p].ratio_to_local.append(this[p][0] / this["local"][0])
         return RemoteBench({"options": asdict(o), "url": url, "local": str(local),
                 "paths": {p: {"images_per_s_median": statistics.median(r.images_per_s),
