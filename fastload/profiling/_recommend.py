@@ -38,8 +38,10 @@ from typing import Any
 from fastload.profiling._snippet import loader_snippet, store_snippet, uint8_snippet
 
 INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
-PARTS = {"read": "opening files (PIL Image.open)", "decode": "image decode in PIL (load/convert)",
-         "transform": "torchvision transforms", "other": "the dataset's own code outside PIL and transforms"}
+PARTS = {"read": "opening files (PIL Image.open) or reading the store", "decode": "image decode (PIL, simplejpeg)",
+         "transform": "transforms (torchvision's, fastload's presets)",
+         "other": "the dataset's own code outside reads, decodes and transforms"}
+FASTLOAD_DATASETS = ("fastload.load.dataset.LMDBImageDataset",)  #: already read from a store: no convert advice
 
 
 def predict_step(n: int, *, c: float, tb: float, tcpu: float, cpus: int, step_cores: float = 0.0) -> float:
@@ -210,7 +212,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                 f"loading needs {tcpu / T:.1f}); more workers cannot help "
                 f"(num_workers={tried}: predicted {ratio.get(tried, min(cap, T / step_time(tried))):.2f}x)")
         n_after = (w_now, best)
-        if parts["read"] >= 0.15:
+        if parts["read"] >= 0.15 and loader.get("dataset") not in FASTLOAD_DATASETS:
             recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
                          "stage": "lmdb",
                          "why": f"{parts['read']:.0%} of sample time is opening and reading small files",
