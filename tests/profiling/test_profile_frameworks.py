@@ -9,6 +9,7 @@ In-process (``fastload.profile()``) with Lightning's own helpers, so each test r
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,3 +102,79 @@ def test_lmdb_dataset_samples_are_split_into_read_decode_transform(tiny_store, t
     assert parts["decode"] + parts["transform"] > 0.5 and parts["other"] < 0.5, parts
     assert set(samples["transforms"]) == {"TrainTransform"}
     assert "store" not in " ".join(r["change"] for r in s["recommendations"])  # it reads from a store already
+
+
+SPIN_SCRIPT = '''
+import os, time
+import lightning as L
+import torch
+from torch import nn
+
+STEP_MS, SAMPLE_MS = float(os.environ["STEP_MS"]), float(os.environ["SAMPLE_MS"])
+
+
+def spin(ms):  # CPU time, in this thread: neither I/O nor sleep
+    end = time.thread_time() + ms / 1e3
+    while time.thread_time() < end:
+        pass
+
+
+class Burn(torch.utils.data.Dataset):
+    def __len__(self):
+        return 4000
+
+    def __getitem__(self, i):
+        spin(SAMPLE_MS)
+        return torch.zeros(4), i % 2
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def training_step(self, batch, i):
+        spin(STEP_MS)
+        x, y = batch
+        return nn.functional.cross_entropy(self.lin(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(Burn(), batch_size=4, num_workers=0)
+
+
+torch.set_num_threads(1)
+L.Trainer(max_steps=400, logger=False, enable_progress_bar=False, enable_model_summary=False,
+          enable_checkpointing=False, accelerator="cpu", devices=1).fit(Model())
+'''
+
+
+@pytest.mark.slow
+def test_trainer_fit_step_cpu_is_seen_and_the_worker_gain_is_bounded_by_the_cpus(tmp_path):
+    """Under Lightning the probe takes the step's CPU time inside ``Trainer.fit``'s loop, and on all-CPU work
+    (a 10 ms CPU step, 4 x 5 ms CPU samples, 0 workers) no worker count is promised more than the CPUs allow."""
+    pytest.importorskip("lightning")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "fit.py"
+    script.write_text(SPIN_SCRIPT)
+    out = tmp_path / "p"
+    repo = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, STEP_MS="10", SAMPLE_MS="5", PYTHONPATH=repo)
+    proc = subprocess.run([sys.executable, "-m", "fastload.cli", "profile", "--seconds", "3", "--warmup", "3",
+                           "--out", str(out), "--", sys.executable, str(script)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    s = json.loads((out / "profile.json").read_text())
+    line = next(i for i, t in enumerate(SPIN_SCRIPT.splitlines(), 1) if "return torch.utils.data.DataLoader(" in t)
+    assert s["loader"]["key"] == f"DataLoader@fit.py:{line}"
+    assert s["step_cpu"]["main_thread_cpu_s"] >= 0.010 * 0.95  # the spin in training_step, inside Lightning's loop
+    cpus = s["loader"]["cpus_per_process"]
+    # the loop's whole work is CPU: more workers cannot beat the step itself, nor all the work over all the CPUs
+    bound = min(1 / (1 - s["data_wait_fraction"]), float(cpus))
+    assert s["predictions"] and all(p["expected_gain"] <= bound * 1.05 for p in s["predictions"]), (bound, s["predictions"])
