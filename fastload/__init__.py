@@ -45,6 +45,7 @@ _EXPORTS: dict[str, str] = {
     "LMDBImageDataset": "fastload.load.dataset",
     "DataLoader": "fastload.load.loader",
     "DevicePrefetcher": "fastload.load.prefetch",
+    "prepare_batch": "fastload.load.prefetch",
     "auto_num_workers": "fastload.load.workers",
     "worker_plan": "fastload.load.workers",
     "shm_plan": "fastload.load.workers",
