@@ -50,9 +50,9 @@ Non-JPEG sources (PNG, WebP, TIFF, GIF, BMP, ...) are re-encoded as JPEG quality
 while a JPEG gets libjpeg-turbo's DCT-scaled and region decode on the CPU and nvJPEG on the
 GPU. ``fastload bench encode`` measures the trade (load speed in the train preset, bytes,
 PSNR, encode cost) on any folder; its figures, with the commands that printed them, are in
-docs/benchmarks.md ("Which encoding for non-JPEG sources"). With ``lossless=True`` the old rule holds: non-interlaced 8-bit RGB or grayscale
-PNGs that pass the checks are stored as-is and every other non-JPEG source as lossless PNG
-(bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
+docs/benchmarks.md ("Which encoding for non-JPEG sources"). With ``lossless=True`` the
+old rule holds: non-interlaced 8-bit RGB or grayscale PNGs that pass the checks are stored
+as-is and every other non-JPEG source as lossless PNG (bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
 strictly, before it is accepted; the PSNR of every lossy write against the pixels it
 encodes is returned (``Prepared.psnr``).
 
