@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from fastload.cli._common import Default, friendly
 
@@ -37,6 +38,8 @@ FRONT = "fastload.serve.routes:FrontOptions"
               help="Requests waiting per replica before new ones get 503 + Retry-After.")
 @click.option("--devices", type=str, default=Default(SERVE, "devices", ",".join), show_default=True,
               help="Comma-separated devices, one replica each: auto, cpu, cuda, cuda:0,cuda:1.")
+@click.option("--device", type=str, default=None,
+              help="One device (auto, cpu, cuda, cuda:1): the single-device spelling of --devices.")
 @click.option("--replicas", type=click.IntRange(min=1), default=Default(SERVE, "replicas"), show_default=True,
               help="Replicas on the CPU (with --devices cpu).")
 @click.option("--cpu-fallback/--no-cpu-fallback", default=Default(SERVE, "cpu_fallback"), show_default=True,
@@ -72,8 +75,9 @@ FRONT = "fastload.serve.routes:FrontOptions"
               help="Seconds an idle keep-alive connection stays open.")
 @click.option("--max-connections", type=click.IntRange(min=1), default=Default(FRONT, "max_connections"),
               show_default=True,
-              help="Open connections (stdlib: one thread each); more get 503 + Retry-After (asgi: a request "
-                   "arriving over the cap).")
+              help="Open connections (stdlib: one thread each). At the cap the oldest idle keep-alive connection "
+                   "closes to make room; when none is idle, more get 503 + Retry-After (asgi: a request arriving "
+                   "over the cap).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=Default(SERVE, "drain_timeout_s"),
               show_default=True,
               help="On SIGTERM, seconds to finish accepted requests.")
@@ -82,7 +86,7 @@ FRONT = "fastload.serve.routes:FrontOptions"
                    "starlette ('fastload[serve]' extra: an event loop, no thread per connection; see docs/serving.md).")
 @friendly
 def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
-          devices, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
+          devices, device, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,
           max_body_mb, request_timeout, header_timeout, body_timeout, idle_timeout, max_connections,
           drain_timeout, front) -> None:
     """Serve a model over HTTP with the training eval preprocessing and dynamic batching.
@@ -96,6 +100,13 @@ def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, 
     from fastload.serve.app import ServeOptions, run_server
     from fastload.serve.routes import FrontOptions
 
+    if device is not None:
+        explicit = click.get_current_context().get_parameter_source("devices") is not ParameterSource.DEFAULT
+        if explicit:
+            raise click.UsageError("give --device (one device) or --devices (several), not both")
+        if "," in device:
+            raise click.UsageError(f"--device takes one device, got {device!r}; for several use --devices {device}")
+        devices = device
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     classes = tuple(c for c in classes_file.read_text().split("\n") if c) if classes_file else None
     limits = FrontOptions(server=front, max_body_bytes=int(max_body_mb * (1 << 20)),

@@ -26,21 +26,37 @@ __all__ = ["DeadlineReader", "Lingerer", "raw_response", "refuse", "accept_backl
 
 
 class DeadlineReader(io.RawIOBase):
-    """A socket reader whose every ``recv`` waits only until one overall deadline."""
+    """A socket reader whose every ``recv`` waits only until one overall deadline.
+
+    With ``poll`` set, a blocked read wakes every ``POLL_S`` to re-read ``deadline``, so another
+    thread can shorten it (an idle keep-alive connection closed early: evicted to make room
+    for a new one, or closing at the end of a drain) without touching the socket, whose
+    shutdown from another thread could reset a request crossing it.
+    """
+
+    POLL_S = 0.1
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.deadline = time.monotonic() + 60.0
+        self.poll = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buf) -> int:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("read deadline passed")
-        self.sock.settimeout(remaining)
-        return self.sock.recv_into(buf)
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("read deadline passed")
+            if not self.poll:
+                self.sock.settimeout(remaining)
+                return self.sock.recv_into(buf)
+            self.sock.settimeout(min(remaining, self.POLL_S))
+            try:
+                return self.sock.recv_into(buf)
+            except TimeoutError:
+                continue
 
 
 class Lingerer:

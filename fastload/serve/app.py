@@ -9,11 +9,13 @@ every replica up, serve, and on SIGTERM or SIGINT drain reliably.
 Draining: the signal handler only sets an event (it never raises into whatever the main
 thread is doing, which is how a ``KeyboardInterrupt`` raised inside a lock wait left the
 server ignoring SIGTERM). The main thread then: stops taking new requests (503 +
-``Retry-After`` + ``Connection: close`` to new requests and new connections, idle
-keep-alive connections closed), waits up to ``drain_timeout_s`` for the accepted requests
-to be answered, answers 503 to the connections still in the listen backlog (instead of
-letting the close reset them), stops the batchers, joins every thread and returns. A
-second signal skips the wait.
+``Retry-After`` + ``Connection: close`` to new requests and new connections; an idle
+keep-alive connection gets 503 for a request within ``linger_s``, then a lingering close),
+waits up to ``drain_timeout_s`` for the accepted requests to be answered, stops the
+batchers, and only then stops the accept loop, answers 503 to the connections still in the
+listen backlog and closes the listener at once (a connection left in a closing listener's
+backlog is reset by the kernel). It joins every thread and returns. A second signal skips
+the wait.
 
 Must not: parse command lines or print (``cli.py`` passes ``say`` for messages).
 """
@@ -180,13 +182,14 @@ def run_server(options: ServeOptions, *, say: Callable[[str], None] = log.info,
         server.begin_drain()
         if signals["count"] < 2 and not server.wait_idle(options.drain_timeout_s):
             say(f"drain timeout ({options.drain_timeout_s:g}s) passed with requests still in flight")
+        warm.join(options.drain_timeout_s)
+        router.stop(drain=signals["count"] < 2, timeout=options.drain_timeout_s)
+        # the listener keeps answering new connections 503 until here, then closes right after its backlog
         server.shutdown()
         thread.join()
         refused = server.refuse_backlog()
         if refused:
             log.info("answered 503 to %d connections still in the listen backlog", refused)
-        warm.join(options.drain_timeout_s)
-        router.stop(drain=signals["count"] < 2, timeout=options.drain_timeout_s)
         final = {**router.stats(), "http": server.http_stats()}
         server.close_all(options.front.linger_s + 1.0)
     finally:

@@ -18,23 +18,32 @@ What applies as in ``http.py``, and where:
   ``http.py``'s lingering close does, so the client reads the answer, not a reset;
 - the body deadline (``body_timeout_s`` over the whole body: 408, closed): the app reads
   the body, so it bounds it;
-- keep-alive idle timeout: uvicorn's ``timeout_keep_alive``;
-- the connection cap: a request arriving while more than ``max_connections`` connections
-  are open gets 503 + ``Retry-After`` (uvicorn's own ``limit_concurrency`` answers without
-  ``Retry-After`` and outside the app's counters); idle connections cost no thread;
+- keep-alive idle timeout: uvicorn's ``timeout_keep_alive`` (the close made lingering by
+  ``_protocol``);
+- the connection cap: at the cap the oldest idle keep-alive connection closes to make room
+  (``_protocol``, as ``http.py``); a request arriving while more than ``max_connections``
+  connections are still open gets 503 + ``Retry-After`` (uvicorn's own
+  ``limit_concurrency`` answers without ``Retry-After`` and outside the app's counters);
+  idle connections cost no thread;
+- the head caps (``_protocol``): 100 fields of 64 KiB each, as ``http.py``, and 1 MiB in all
+  (httptools buffers an unfinished field without limit): 431, lingering close;
+- draining (``_protocol.shutdown``): an idle connection, or one whose request has not
+  arrived, gets ``linger_s`` of grace (its request is answered 503 + close), then a
+  lingering close; uvicorn would close it at once and reset a request crossing the close;
 - queue cap (503), request deadline (504, the request leaves the queue: cancelling the
   awaiting task cancels it), pixel budget and bad images (400): the batcher and ``routes.py``.
 
 - the header deadline (``header_timeout_s`` for the request line and headers, in total,
   from the connection's opening or the next request's first byte): uvicorn has none (it
   arms its keep-alive timer only between requests and cancels it on any byte), so with
-  httptools (the ``serve`` extra) its protocol class is wrapped (``_header_deadline``):
+  httptools (the ``serve`` extra) its protocol class is wrapped (``_protocol``):
   a timer armed when a connection opens and when a request's first byte arrives, disarmed
   when its headers are complete, closes the connection when it fires. The same approach
   as https://github.com/xorbitsai/inference/pull/5213, written here against uvicorn's
   ``HttpToolsProtocol`` callbacks (``connection_made``, ``on_message_begin``,
   ``on_headers_complete``, ``connection_lost``). Without httptools (h11) there is no header
-  deadline, and ``make_server`` logs it.
+  deadline, no head caps beyond h11's own 16 KiB, no eviction at the cap and no grace at a
+  drain, and ``make_server`` logs it.
 
 What uvicorn does not allow: its own 400s (unparseable requests) are not counted in
 ``/metrics``.
@@ -54,8 +63,8 @@ import time
 from typing import Any
 
 from fastload.errors import MissingDependencyError
-from fastload.serve._conn import Lingerer, accept_backlog, refuse
-from fastload.serve.routes import FrontOptions, Reply, Routes, framing
+from fastload.serve._conn import Lingerer, accept_backlog, raw_response, refuse
+from fastload.serve.routes import MAX_HEAD_BYTES, MAX_HEADER_LINE, MAX_HEADERS, FrontOptions, Reply, Routes, framing
 
 __all__ = ["AsgiServer", "make_server", "serve_forever", "require"]
 
@@ -112,6 +121,7 @@ class _App:
 
         self.server, self.routes, self.options = server, server.routes, server.options
         self.active = 0
+        self.admitted = 0
         self.refused = 0
         get = [Route(p, self._get, methods=["GET"]) for p in ("/healthz", "/stats", "/metrics", "/trace")]
         self.starlette = Starlette(routes=[Route("/predict", self._predict, methods=["POST"]), *get,
@@ -128,6 +138,8 @@ class _App:
             await send(message)
 
         self.active += 1
+        before_drain = not self.routes.draining  # what a drain waits for (later ones are answered 503 at once)
+        self.admitted += before_drain
         try:
             early = self._guard(scope)
             if early is None:
@@ -136,6 +148,7 @@ class _App:
                 await self._reply(early, scope)(scope, receive, counted)
         finally:
             self.active -= 1
+            self.admitted -= before_drain
 
     def _guard(self, scope) -> Reply | None:
         """503 over the connection cap; the framing error, if any (the body length goes in ``scope["state"]``)."""
@@ -174,8 +187,8 @@ class _App:
     async def _other(self, request):
         method, path = request.method, request.url.path
         length = request.scope["state"]["content_length"]
-        reply = self.routes.get(path, self.server.http_stats) if method in _GET else \
-            self.routes.not_found(method, path, length)
+        reply = self.routes.get(path, self.server.http_stats, method) if method in _GET else \
+            self.routes.other(method, path, length)
         return self._reply(reply, request.scope)
 
     async def _predict(self, request):
@@ -201,11 +214,42 @@ class _App:
         return self._reply(reply, request.scope)
 
 
-def _header_deadline(base: type, seconds: float) -> type:
-    """``base`` (uvicorn's ``HttpToolsProtocol``) with a deadline for each request's line and headers."""
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the request's head is over a cap (the answer is 431)."""
 
-    class HeaderDeadline(base):
+
+def _protocol(base: type, options: FrontOptions) -> type:
+    """``base`` (uvicorn's ``HttpToolsProtocol``) with the defences uvicorn leaves out.
+
+    - a deadline for each request's line and headers (``header_timeout_s``);
+    - caps on each request's head as ``http.py`` has them (``MAX_HEADERS`` fields, each
+      ``MAX_HEADER_LINE`` bytes) plus ``MAX_HEAD_BYTES`` in all: httptools buffers an
+      unfinished header without limit (a 200 MB header flood grew the server by 406 MB);
+      over a cap: 431 and a lingering close;
+    - closes that never reset a request crossing them: an idle connection that closes
+      (idle timeout, evicted, end of a drain) sends FIN first and discards what still
+      arrives for ``linger_s`` (uvicorn closes at once, and a request arriving on the closed
+      socket is reset);
+    - at ``shutdown()`` (a drain), an idle connection or one whose request has not yet
+      arrived gets ``linger_s`` of grace (its request is answered 503 + close), then closes
+      so; a request under way closes after its answer;
+    - at the connection cap, the oldest idle keep-alive connection closes to make room
+      (as ``http.py``), instead of the new client getting 503.
+    """
+    seconds, linger_s, cap = options.header_timeout_s, options.linger_s, options.max_connections
+
+    class Protocol(base):
         _deadline: asyncio.TimerHandle | None = None
+        _grace: asyncio.TimerHandle | None = None
+        _linger: asyncio.TimerHandle | None = None
+        lingering = False
+        _closing = False
+        _head: int | None = 0  # bytes of the request head received so far; None once the headers are complete
+        _fields = 0
+        _too_large = ""
+        idle_since: float | None = None  # when the last answer completed (an idle keep-alive connection)
+
+        # ---- the header deadline ----------------------------------------------------------
 
         def _arm(self) -> None:
             self._disarm()
@@ -224,20 +268,130 @@ def _header_deadline(base: type, seconds: float) -> type:
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()  # a connection that sends nothing is cut too
+            self._make_room()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self.idle_since = None
+            self._head, self._fields = 0, 0
             self._arm()  # the next request on a kept-alive connection
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._head = None
             super().on_headers_complete()
+            if self._closing and self.cycle is not None:
+                self.cycle.keep_alive = False
 
         def connection_lost(self, exc) -> None:
-            self._disarm()
+            for timer in (self._deadline, self._grace, self._linger):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
 
-    return HeaderDeadline
+        # ---- the head caps ------------------------------------------------------------------
+
+        def data_received(self, data: bytes) -> None:
+            if self.lingering:
+                self._linger_more()
+                return
+            if self._head is not None:
+                self._head += len(data)
+                if self._head > MAX_HEAD_BYTES:
+                    self._refuse_head(f"the request head is over {MAX_HEAD_BYTES} bytes")
+                    return
+            super().data_received(data)
+
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            if len(self.url) > MAX_HEADER_LINE:
+                self._too_large = f"the request target is over {MAX_HEADER_LINE} bytes"
+                raise _HeadTooLarge
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._fields += 1
+            if self._fields > MAX_HEADERS:
+                self._too_large = f"more than {MAX_HEADERS} header fields"
+                raise _HeadTooLarge
+            if len(name) + len(value) > MAX_HEADER_LINE:
+                self._too_large = f"a header field is over {MAX_HEADER_LINE} bytes"
+                raise _HeadTooLarge
+            super().on_header(name, value)
+
+        def send_400_response(self, msg: str) -> None:  # uvicorn's answer to a parser error
+            if self._too_large:  # the error was ours, raised from a callback
+                self._refuse_head(self._too_large)
+            else:
+                super().send_400_response(msg)
+
+        def _refuse_head(self, why: str) -> None:
+            self._disarm()
+            self.transport.write(raw_response(431, {"error": f"{why}; send fewer or smaller headers"}, {}))
+            self._linger_close()
+
+        # ---- lingering closes ---------------------------------------------------------------
+
+        def _linger_close(self) -> None:
+            """FIN now, discard what still arrives, close after ``linger_s`` quiet (30 s at most)."""
+            if self.lingering or self.transport.is_closing():
+                return
+            self.lingering = True
+            self._unset_keepalive_if_required()
+            for timer in (self._deadline, self._grace):
+                if timer is not None:
+                    timer.cancel()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self._hard_end = self.loop.time() + _LINGER_MAX_S
+            self._linger_more()
+
+        def _linger_more(self) -> None:
+            if self._linger is not None:
+                self._linger.cancel()
+            at = min(self.loop.time() + linger_s, self._hard_end)
+            self._linger = self.loop.call_at(at, self.transport.close)
+
+        def eof_received(self) -> bool | None:
+            if self.lingering:
+                self.transport.close()
+            return None  # asyncio closes the transport after an EOF unless told otherwise
+
+        def timeout_keep_alive_handler(self) -> None:  # the idle timeout
+            self._linger_close()
+
+        # ---- draining and the connection cap ------------------------------------------------
+
+        def _busy(self) -> bool:
+            return bool(self._head) or (self.cycle is not None and not self.cycle.response_complete)
+
+        def shutdown(self) -> None:
+            self._closing = True
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.keep_alive = False  # closes after its answer
+            elif self._grace is None and not self.lingering:
+                self._grace = self.loop.call_later(linger_s, self._end_grace)
+
+        def _end_grace(self) -> None:
+            self._grace = None
+            if not self._busy():
+                self._linger_close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self._closing and not self._busy() and not self.transport.is_closing():
+                self._linger_close()
+            else:
+                self.idle_since = self.loop.time()
+
+        def _make_room(self) -> None:
+            open_ = [c for c in self.connections if not getattr(c, "lingering", False)]
+            if len(open_) <= cap:
+                return
+            idle = [c for c in open_ if getattr(c, "idle_since", None) is not None and not c._busy()]
+            if idle:
+                min(idle, key=lambda c: c.idle_since)._linger_close()
+
+    return Protocol
 
 
 def _listen(host: str, port: int, backlog: int) -> socket.socket:
@@ -273,7 +427,7 @@ class AsgiServer:
         if self.http_impl == "httptools":
             from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-            http: Any = _header_deadline(HttpToolsProtocol, options.header_timeout_s)
+            http: Any = _protocol(HttpToolsProtocol, options)
         else:
             http = "h11"
             log.warning("httptools is not installed: the asgi front has no header deadline "
@@ -281,7 +435,7 @@ class AsgiServer:
         self.config = uvicorn.Config(self.app, http=http, lifespan="off", log_config=None,
                                      log_level="warning", access_log=False, proxy_headers=False, server_header=False,
                                      timeout_keep_alive=options.idle_timeout_s, backlog=self.backlog,
-                                     timeout_graceful_shutdown=max(1.0, options.linger_s))
+                                     timeout_graceful_shutdown=2 * options.linger_s + 1.0)
         self.uvicorn = uvicorn.Server(self.config)
         self.lingerer = Lingerer()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -292,7 +446,8 @@ class AsgiServer:
         return self.routes.draining
 
     def connections(self) -> int:
-        return len(self.uvicorn.server_state.connections)
+        """Open connections, not counting those in a lingering close (their answer is sent)."""
+        return sum(not getattr(c, "lingering", False) for c in self.uvicorn.server_state.connections)
 
     def run(self) -> None:
         """Serve until ``shutdown()``, on an event loop of this thread (uvloop when installed)."""
@@ -317,16 +472,21 @@ class AsgiServer:
         if self._loop is not None and not self._loop.is_closed():
             def close_idle() -> None:
                 for conn in list(self.uvicorn.server_state.connections):
-                    conn.shutdown()  # uvicorn's own: closes an idle connection, or closes after the answer
+                    conn.shutdown()  # with httptools, _protocol's: idle ones get linger_s of grace, then close
 
             self._loop.call_soon_threadsafe(close_idle)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no request is being handled; False if ``timeout`` passed first."""
+        """Wait until every request taken before the drain is answered; False if ``timeout`` passed first.
+
+        Requests arriving during the drain are answered 503 at once and are not waited for
+        (under steady load they never stop coming, so waiting for none in flight would always
+        run to the timeout).
+        """
         deadline = time.monotonic() + timeout
-        while self.app.active and time.monotonic() < deadline:
+        while self.app.admitted and time.monotonic() < deadline:
             time.sleep(0.05)
-        return not self.app.active
+        return not self.app.admitted
 
     def shutdown(self) -> None:
         """Stop uvicorn (it closes its listening socket and connections) and wait for its thread."""
@@ -335,12 +495,18 @@ class AsgiServer:
             self._thread.join()
 
     def refuse_backlog(self) -> int:
-        """Answer 503 to the connections still in the listen backlog (instead of a reset at close)."""
+        """Answer 503 to the connections still in the listen backlog, then close the listener at once.
+
+        Call after ``shutdown()``. As in ``http.py``: a connection still in the backlog when
+        the listener closes is reset by the kernel, so the close follows the empty backlog
+        at once (under load, clients reconnect within microseconds of their 503).
+        """
         n = 0
         for sock in accept_backlog(self._spare):
             if refuse(sock, "the server is shutting down", self.lingerer, self.options.linger_s):
                 self.routes.count(503)
             n += 1
+        self._spare.close()
         return n
 
     def close_all(self, timeout: float) -> None:

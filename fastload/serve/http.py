@@ -7,10 +7,15 @@ socket-side defences a front needs:
 - read deadlines: the request line and headers must arrive within ``header_timeout_s`` and
   the body within ``body_timeout_s`` of their start, however slowly the client dribbles
   (a per-``recv`` timeout alone lets a byte a second hold a connection forever);
-- keep-alive connections idle for ``idle_timeout_s`` are closed;
-- at most ``max_connections`` connections, one thread each; the next ones are answered
-  503 + ``Retry-After`` at once by the accept loop (never an unbounded thread per
-  connection); the in-flight cap is the batchers' ``max_queue`` (503 + ``Retry-After``);
+- keep-alive connections idle for ``idle_timeout_s`` are closed (a lingering close: a
+  request crossing the close meets an orderly end, never a reset);
+- at most ``max_connections`` connections, one thread each; at the cap, the oldest idle
+  keep-alive connection is closed to make room (as nginx does), and only when none is idle
+  is the next one answered 503 + ``Retry-After`` at once by the accept loop (never an
+  unbounded thread per connection); the in-flight cap is the batchers' ``max_queue`` (503 +
+  ``Retry-After``);
+- a request's head: at most 100 fields of 64 KiB each (``http.server``'s own limits: 431);
+- a query string never changes the route; a route's wrong method is 405 + ``Allow``;
 - a request deadline (``request_timeout_s``): 504, and the request leaves the queue;
 - strict framing: ``Content-Length`` must be one non-negative decimal number (else 400),
   a missing one on POST is 411, ``Transfer-Encoding`` (chunked or not) is refused with 411 /
@@ -20,7 +25,9 @@ socket-side defences a front needs:
   overload), a bounded "lingering close" (RFC 9112 §9.6): shut our side, discard what the
   client still sends for ``linger_s``, then close — so the client reads our answer instead
   of a connection reset;
-- draining on shutdown: new requests get 503 + ``Connection: close``; accepted ones finish.
+- draining on shutdown: new requests and connections get 503 + ``Connection: close`` until
+  the listener closes (right after its backlog is answered); accepted ones finish; an idle
+  keep-alive connection's request within ``linger_s`` gets 503, then it closes, lingering.
 
 Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
 measured side by side (``fastload bench serve --fronts stdlib,asgi``, docs/serving.md, "Which
@@ -71,28 +78,44 @@ class _Handler(BaseHTTPRequestHandler):
         self.reader = DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self.reader, 1 << 16)
         self.linger = False
+        self.evicted = False  # set by the server (under its lock): answer what is under way, then close
 
     def handle(self) -> None:
         opts = self.server.options
         self.close_connection = True
         first = True
         while True:
-            if not first:  # keep-alive: wait for the next request's first byte, at most the idle timeout
-                self.reader.deadline = time.monotonic() + opts.idle_timeout_s
-                self.server.set_idle(self, True)
-                try:
-                    if not self.rfile.peek(1):
-                        return
-                except (TimeoutError, OSError):
-                    return
-                finally:
-                    self.server.set_idle(self, False)
+            if not first and not self._next_request(opts.idle_timeout_s):
+                return
             first = False
             self.reader.deadline = time.monotonic() + opts.header_timeout_s
             with self.server.counting():
                 self.handle_one_request()
-            if self.close_connection or self.linger:
+            if self.close_connection or self.linger or self.evicted:
                 return
+
+    def _next_request(self, idle_timeout_s: float) -> bool:
+        """Keep-alive: wait for the next request's first byte; False when the connection is to close.
+
+        The server may end the wait early (``set_idle``, ``begin_drain``) by shortening the
+        reader's deadline; the close is then a lingering one (FIN first, then discard what
+        still arrives), so a request sent just as the connection closes meets an orderly end
+        of the connection, never a reset.
+        """
+        self.reader.deadline = time.monotonic() + idle_timeout_s
+        self.reader.poll = True
+        self.server.set_idle(self, True)
+        try:
+            data = self.rfile.peek(1)
+        except TimeoutError:  # idle timeout, evicted for a new client, or the end of a drain
+            self.linger = True
+            return False
+        except OSError:  # reset by the client
+            return False
+        finally:
+            self.reader.poll = False
+            self.server.set_idle(self, False)
+        return bool(data)  # b"": the client closed it
 
     def finish(self) -> None:
         if self.linger:
@@ -119,18 +142,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- responses -------------------------------------------------------------------------
 
-    def _reply(self, reply: Reply) -> None:
+    def _reply(self, reply: Reply, *, head: bool = False) -> None:
         data = reply.encoded()
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.ctype)
         self.send_header("Content-Length", str(len(data)))
         for k, v in reply.headers.items():
             self.send_header(k, v)
-        if reply.close or self.server.routes.draining:
+        if reply.close or self.server.routes.draining or self.evicted:
             self.send_header("Connection", "close")
             self.linger = self.linger or reply.close
         self.end_headers()
-        self.wfile.write(data)
+        if not head:
+            self.wfile.write(data)
         self.server.routes.count(reply.status)
 
     def _framing(self, *, body_allowed: bool) -> int | None:
@@ -150,6 +174,17 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self._framing(body_allowed=False) is not None:
             self._reply(self.server.routes.get(self.path, self.server.http_stats))
+
+    def do_HEAD(self) -> None:  # GET's answer without its body, as uvicorn + starlette answer HEAD
+        if self._framing(body_allowed=False) is not None:
+            self._reply(self.server.routes.get(self.path, self.server.http_stats, "HEAD"), head=True)
+
+    def _other_method(self) -> None:  # 405 + Allow on a route (as starlette answers), else 404
+        length = self._framing(body_allowed=False)
+        if length is not None:
+            self._reply(self.server.routes.other(self.command, self.path, length))
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _other_method
 
     def do_POST(self) -> None:
         routes = self.server.routes
@@ -185,7 +220,8 @@ class _Server(ThreadingMixIn, HTTPServer):
         self.lingerer = Lingerer()
         self._lock = threading.Condition()
         self._open = 0
-        self._idle: set[_Handler] = set()
+        self._idle: dict[_Handler, float] = {}  # idle keep-alive connections -> when they became idle
+        self._evicted: set[socket.socket] = set()  # their threads are ending: their places are free
         self._handed_off: set[socket.socket] = set()
         self._active = 0
         self._refused = 0
@@ -198,7 +234,8 @@ class _Server(ThreadingMixIn, HTTPServer):
 
     def process_request(self, request, client_address) -> None:
         with self._lock:
-            refuse = self.draining or self._open >= self.options.max_connections
+            full = self._open - len(self._evicted) >= self.options.max_connections
+            refuse = self.draining or (full and not self._evict_oldest_idle())
             if not refuse:
                 self._open += 1
         if refuse:
@@ -212,6 +249,7 @@ class _Server(ThreadingMixIn, HTTPServer):
         finally:
             with self._lock:
                 self._open -= 1
+                self._evicted.discard(request)
                 self._lock.notify_all()
 
     def refuse(self, sock: socket.socket) -> None:
@@ -239,16 +277,35 @@ class _Server(ThreadingMixIn, HTTPServer):
 
     def set_idle(self, handler: _Handler, idle: bool) -> None:
         with self._lock:
-            (self._idle.add if idle else self._idle.discard)(handler)
-            if idle and self.draining:
-                self._close_idle(handler)
+            if not idle:
+                self._idle.pop(handler, None)
+            elif handler.evicted:  # evicted while answering its last request: close now
+                handler.reader.deadline = 0.0
+            else:
+                self._idle[handler] = time.monotonic()
+                if self.draining:
+                    self._close_idle_soon(handler)
 
-    @staticmethod
-    def _close_idle(handler: _Handler) -> None:
-        try:  # wakes its blocked read with EOF: an idle keep-alive connection just closes
-            handler.connection.shutdown(socket.SHUT_RD)
-        except OSError:
-            pass
+    def _evict_oldest_idle(self) -> bool:
+        """At the connection cap: close the oldest idle keep-alive connection to make room (lock held).
+
+        As nginx and others do, idle connections yield to new clients instead of locking them
+        out for the idle timeout. The evicted handler's place counts as free at once (its
+        thread ends within ``DeadlineReader.POLL_S``); a request it is already reading is
+        still answered, with ``Connection: close``. False when no connection is idle.
+        """
+        if not self._idle:
+            return False
+        oldest = min(self._idle, key=self._idle.__getitem__)
+        del self._idle[oldest]
+        oldest.evicted = True
+        oldest.reader.deadline = 0.0  # its idle wait ends at its next poll
+        self._evicted.add(oldest.connection)
+        return True
+
+    def _close_idle_soon(self, handler: _Handler) -> None:
+        """Draining: an idle connection's next request (within ``linger_s``) gets 503; then it closes."""
+        handler.reader.deadline = min(handler.reader.deadline, time.monotonic() + self.options.linger_s)
 
     def counting(self):
         server = self
@@ -268,26 +325,37 @@ class _Server(ThreadingMixIn, HTTPServer):
     # ---- draining ---------------------------------------------------------------------------
 
     def begin_drain(self) -> None:
-        """New requests get 503 + Connection: close; idle keep-alive connections close."""
+        """New requests and connections get 503 + Connection: close; idle keep-alive connections close soon.
+
+        An idle connection is not closed at once: a client may be sending its next request on
+        it right now, and a close crossing that request resets it. Its next request within
+        ``linger_s`` is answered 503 + ``Connection: close``; after that it closes, lingering.
+        """
         with self._lock:
             self.routes.draining = True
             for h in list(self._idle):
-                self._close_idle(h)
+                self._close_idle_soon(h)
 
     def wait_idle(self, timeout: float) -> bool:
-        """Wait until no request is being handled; False if ``timeout`` passed first."""
+        """Wait until every accepted connection is answered and closed; False if ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._active and time.monotonic() < deadline:
+            while (self._active or self._open) and time.monotonic() < deadline:
                 self._lock.wait(0.05)
-            return not self._active
+            return not (self._active or self._open)
 
     def refuse_backlog(self) -> int:
-        """Accept what is still in the listen backlog and answer each 503 (instead of a reset at close)."""
+        """Answer 503 to what is still in the listen backlog, then close the listener at once.
+
+        Call after ``shutdown()``. A connection left in the backlog when the listener closes
+        is reset by the kernel; closing right after the backlog is found empty leaves a
+        window of microseconds for that instead of the whole shutdown.
+        """
         n = 0
         for sock in accept_backlog(self.socket):
             self.refuse(sock)
             n += 1
+        self.socket.close()
         return n
 
     def close_all(self, timeout: float) -> None:

@@ -30,13 +30,21 @@ from fastload.errors import CorruptSampleError, DeadlineExceeded, DeviceFailure,
 from fastload.serve._futures import await_future
 from fastload.serve.metrics import Metric, render_prometheus, serving_metrics
 
-__all__ = ["FrontOptions", "Reply", "Routes", "framing", "FRONTS", "MAX_BODY_BYTES", "METRICS_TYPE"]
+__all__ = ["FrontOptions", "Reply", "Routes", "framing", "route_path", "FRONTS", "ALLOWED", "MAX_BODY_BYTES",
+           "MAX_HEADERS", "MAX_HEADER_LINE", "MAX_HEAD_BYTES", "METRICS_TYPE"]
 
 FRONTS = ("stdlib", "asgi")
 MAX_BODY_BYTES = 64 << 20
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _OK_TYPES = ("image/", "application/octet-stream")
 _DECIMAL = re.compile(r"[0-9]{1,18}")
+# a request's head: at most MAX_HEADERS fields of MAX_HEADER_LINE bytes each (http.server's own limits, from
+# http.client: 431 over them), and (asgi, where httptools buffers an unfinished field) MAX_HEAD_BYTES in all
+MAX_HEADERS = 100
+MAX_HEADER_LINE = 65536
+MAX_HEAD_BYTES = 1 << 20
+GET_ROUTES = ("/healthz", "/stats", "/metrics", "/trace")
+ALLOWED = {"/predict": "POST", **{p: "GET, HEAD" for p in GET_ROUTES}}  # each route's methods (the Allow header)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +116,11 @@ def framing(transfer_encoding: str | None, content_lengths: list[str], *, body_a
     return int(content_lengths[0])
 
 
+def route_path(target: str) -> str:
+    """The path a request target names: a query string (``/healthz?probe=1``) does not choose the route."""
+    return target.split("?", 1)[0].split("#", 1)[0]
+
+
 class Routes:
     """What each route answers for ``target`` (a ``DynamicBatcher`` or a ``Router``), whichever front asks.
 
@@ -133,9 +146,10 @@ class Routes:
 
     # ---- routes ---------------------------------------------------------------------------
 
-    def get(self, path: str, http_stats: Any) -> Reply:
-        """``GET path``; ``http_stats`` is a callable giving the front's own counters (for /stats, /metrics)."""
+    def get(self, path: str, http_stats: Any, method: str = "GET") -> Reply:
+        """``GET path`` (or ``HEAD``); ``http_stats`` gives the front's own counters (for /stats, /metrics)."""
         t = self.target
+        path = route_path(path)
         if path == "/healthz":
             ready = t.ready.is_set() and not self.draining
             return Reply(HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE,
@@ -146,14 +160,21 @@ class Routes:
             return Reply(HTTPStatus.OK, render_prometheus(self.metrics(http_stats())), ctype=METRICS_TYPE)
         if path == "/trace":
             return Reply(HTTPStatus.OK, t.trace())
-        return Reply(HTTPStatus.NOT_FOUND, {"error": f"no route {path}; try POST /predict, GET /healthz, /stats, "
-                                                     "/metrics or /trace"})
+        return self.other(method, path, 0)
 
     def metrics(self, http: dict[str, Any]) -> list[Metric]:
         return serving_metrics(self.target, http)
 
-    def not_found(self, method: str, path: str, length: int) -> Reply:
-        """Any other method or path; a request with a body closes the connection (its body is never parsed)."""
+    def other(self, method: str, path: str, length: int) -> Reply:
+        """Any other method or path: 405 + ``Allow`` on a route, else 404.
+
+        A request with a body closes the connection (its body is never parsed).
+        """
+        allowed = ALLOWED.get(route_path(path))
+        if allowed is not None:
+            return Reply(HTTPStatus.METHOD_NOT_ALLOWED,
+                         {"error": f"{method} is not allowed on {route_path(path)}; use {allowed}"},
+                         {"Allow": allowed}, close=bool(length))
         return Reply(HTTPStatus.NOT_FOUND, {"error": f"no route {method} {path}; POST image bytes to /predict, "
                                                      "GET /healthz, /stats, /metrics or /trace"}, close=bool(length))
 
@@ -164,8 +185,8 @@ class Routes:
 
     def before_body(self, path: str, length: int) -> Reply | None:
         """``POST path`` with a body of ``length`` bytes: the answer due before reading the body, if any."""
-        if path != "/predict":
-            return self.not_found("POST", path, length)
+        if route_path(path) != "/predict":
+            return self.other("POST", path, length)
         if length > self.options.max_body_bytes:
             return Reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, {"error": self.too_large(length)}, close=True)
         if self.draining:

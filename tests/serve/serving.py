@@ -126,3 +126,77 @@ def rss_bytes(pid: int) -> int:
     import psutil
 
     return psutil.Process(pid).memory_info().rss
+
+
+class LoadOutcome:
+    """What each request of a ``loopback_load`` got: a status, or the kind of failure."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.statuses: list[int] = []
+        self.failures: list[str] = []  # "reset ...", "no answer ...": what must never happen
+        self.refused = 0  # a new connection refused: the listener is closed (nothing was accepted)
+
+    def add(self, status: int | None = None, failure: str | None = None, refused: bool = False) -> None:
+        with self.lock:
+            if status is not None:
+                self.statuses.append(status)
+            if failure is not None:
+                self.failures.append(failure)
+            self.refused += refused
+
+
+def loopback_load(port: int, body: bytes, *, keep_alive: int, fresh: int, stop: threading.Event,
+                  max_requests: int = 400) -> tuple[LoadOutcome, list[threading.Thread]]:
+    """Threads POSTing ``body`` to /predict: ``keep_alive`` of them reuse a connection, ``fresh`` connect per request.
+
+    Each thread stops when ``stop`` is set, after ``max_requests``, or when a new connection is
+    refused (the listener closed). A reset or a connection closed without an answer is recorded
+    as a failure; so is a kept-alive connection that the server closed without saying
+    ``Connection: close`` (the client could not know the request would not be read).
+    """
+    out = LoadOutcome()
+    headers = {"Content-Type": "image/jpeg"}
+
+    def worker(reuse: bool) -> None:
+        conn = None
+        used = 0
+        for _ in range(max_requests):
+            if stop.is_set():
+                break
+            if conn is None:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                try:
+                    conn.connect()
+                except ConnectionRefusedError:
+                    out.add(refused=True)
+                    return
+                used = 0
+            used += 1
+            where = f"on a {'reused' if used > 1 else 'new'} connection"
+            try:
+                conn.request("POST", "/predict", body=body, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                out.add(status=resp.status)
+                closing = resp.will_close
+            except (ConnectionResetError, BrokenPipeError) as exc:  # a broken pipe is a reset met while sending
+                out.add(failure=f"reset {where}: {exc!r}")
+                closing = True
+            except (http.client.RemoteDisconnected, ConnectionAbortedError) as exc:
+                out.add(failure=f"no answer {where}: {exc!r}")
+                closing = True
+            except OSError as exc:
+                out.add(failure=f"error {where}: {exc!r}")
+                closing = True
+            if closing or not reuse:
+                conn.close()
+                conn = None
+        if conn is not None:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i < keep_alive,), daemon=True)
+               for i in range(keep_alive + fresh)]
+    for t in threads:
+        t.start()
+    return out, threads

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -203,3 +205,43 @@ def test_asgi_front_without_the_extra_says_which_pip_command_fixes_it(monkeypatc
     monkeypatch.setattr(builtins, "__import__", no_uvicorn)
     with pytest.raises(MissingDependencyError, match=r"pip install 'fastload\[serve\]'"):
         asgi.make_server(object(), port=0)
+
+
+def test_a_drain_answers_a_request_on_an_idle_keep_alive_connection_instead_of_resetting_it(server):
+    """Issue #21 (resets under SIGTERM, on used connections): a drain closed idle keep-alive connections at
+    once, so a request the client was sending on one met a closed socket and was reset."""
+    srv, batcher, _ = server
+    batcher.start()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        first = conn.getresponse()
+        first.read()
+        srv.begin_drain()
+        time.sleep(0.3)  # the connection is idle while the drain starts
+        conn.request("POST", "/predict", body=jpeg_bytes(photo(40, 40)), headers={"Content-Type": "image/jpeg"})
+        second = conn.getresponse()
+        second.read()
+    finally:
+        conn.close()
+    assert first.status == 200
+    assert second.status == 503 and second.getheader("Connection", "").lower() == "close"
+
+
+def test_after_the_backlog_is_answered_the_listener_is_closed_at_once(server):
+    """Issue #21 (resets under SIGTERM, on new connections): the listener stayed open after its backlog was
+    answered, until the batchers had stopped; every connection made in between was reset when it closed."""
+    srv, batcher, _ = server
+    port = srv.server_address[1]
+    srv.begin_drain()
+    srv.shutdown()
+    waiting = socket.create_connection(("127.0.0.1", port), timeout=5)  # in the backlog: answered 503
+    waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.1)
+    try:
+        assert srv.refuse_backlog() == 1
+        assert waiting.recv(65536).startswith(b"HTTP/1.1 503")
+        with pytest.raises(ConnectionRefusedError):  # not accepted into a backlog that a later close resets
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        waiting.close()

@@ -56,3 +56,21 @@ def test_cuda_asked_for_without_cuda_is_a_clear_error():
     r = CliRunner().invoke(main, ["serve", "--port", "0", "--model", "simulated", "--batch-ms", "4",
                                   "--devices", "cuda:0"])
     assert r.exit_code == 1 and "no CUDA device is available" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, devices", [(["--device", "cpu"], ("cpu",)), (["--devices", "cpu"], ("cpu",)),
+                                           (["--devices", "cuda:0,cuda:1"], ("cuda:0", "cuda:1")), ([], ("auto",))])
+def test_device_is_the_single_device_spelling_of_devices(monkeypatch, args, devices):
+    """Issue #21: `fastload serve --device cpu` failed with "No such option"."""
+    seen = []
+    monkeypatch.setattr("fastload.serve.app.run_server", lambda opts, say: seen.append(opts))
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--model", "simulated", "--batch-ms", "4", *args])
+    assert r.exit_code == 0, r.output
+    assert [o.devices for o in seen] == [devices]
+
+
+@pytest.mark.parametrize("args, message", [(["--device", "cpu", "--devices", "cpu"], "not both"),
+                                           (["--device", "cuda:0,cuda:1"], "--devices cuda:0,cuda:1")])
+def test_device_takes_one_device_and_not_beside_devices(args, message):
+    r = CliRunner().invoke(main, ["serve", "--port", "0", "--model", "simulated", "--batch-ms", "4", *args])
+    assert r.exit_code == 2 and message in r.output, r.output

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import io
 import socket
+import threading
 import time
 
 import pytest
 from PIL import Image
 
 from helpers import jpeg_bytes, photo
-from serving import ServeProcess, call, rss_bytes, status_of
+from serving import ServeProcess, call, loopback_load, rss_bytes, status_of
 
 pytestmark = pytest.mark.slow
 
@@ -128,3 +130,44 @@ def test_fastload_serve_on_cuda_decodes_big_batches_on_the_gpu():
     assert codes == [200] * 16
     assert stats["gpu_decoded"] >= 2 and stats["gpu_decode_fallbacks"] == 0, stats
     assert stats["replicas"][0]["device"].startswith("cuda") and stats["fallback"]["device"] == "cpu"
+
+
+@pytest.mark.parametrize("front", ["stdlib", "asgi"])
+def test_sigterm_under_load_answers_every_request_200_or_503_and_resets_none(front):
+    """Issue #21: under load, SIGTERM drained cleanly but 160-182 requests per run saw a connection reset.
+
+    Keep-alive clients and connect-per-request clients POST until the listener closes; SIGTERM
+    arrives mid-load. Every request sent must get 200 or 503 (a refused connection, once the
+    listener is closed, is fine: nothing was accepted), and the drain must end once the
+    requests taken before it are answered (the asgi front's waited for the 503s too, so it
+    always ran to --drain-timeout under load).
+    """
+    if front == "asgi":
+        pytest.importorskip("uvicorn", reason="the asgi front needs the serve extra")
+    proc = ServeProcess("--model", "simulated", "--batch-ms", "3+0.2*n", "--devices", "cpu", "--max-batch", "8",
+                        "--max-wait-ms", "1", "--size", "32", "--resize", "40", "--front", front,
+                        "--drain-timeout", "20")
+    stop = threading.Event()
+    try:
+        out, threads = loopback_load(proc.port, jpeg_bytes(photo(48, 40)), keep_alive=6, fresh=4, stop=stop)
+        deadline = time.monotonic() + 20
+        while len(out.statuses) < 100 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        proc.proc.send_signal(15)
+        rc = proc.proc.wait(30)
+        took = time.monotonic() - t0
+        time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join(35)
+    finally:
+        stop.set()
+        proc.kill()
+    answered = collections.Counter(out.statuses)
+    assert rc == 0, proc.output()
+    assert not out.failures, (collections.Counter(f.split(":")[0] for f in out.failures), answered)
+    assert set(answered) <= {200, 503} and answered[200] >= 100, answered
+    assert answered[503] >= 1, answered  # the load went on into the drain
+    # the drain waits for the requests taken before it, not for the 503s that keep coming: well inside 20 s
+    assert took < 10, (took, proc.output())
