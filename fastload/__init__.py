@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "StoreVersionError": "fastload.errors",
     "ChecksumError": "fastload.errors",
     "StoreDamagedError": "fastload.errors",
+    "StoreChangedError": "fastload.errors",
     "StoreLockedError": "fastload.errors",
     "ConvertError": "fastload.errors",
     "SourceError": "fastload.errors",
@@ -40,10 +41,14 @@ _EXPORTS: dict[str, str] = {
     "ServeError": "fastload.errors",
     "DeadlineExceeded": "fastload.errors",
     "DeviceFailure": "fastload.errors",
+    "ManifestError": "fastload.errors",
+    "RemoteStoreError": "fastload.errors",
     # pack
     "convert": "fastload.pack.convert",
     "ConvertOptions": "fastload.pack.convert",
     "ConvertReport": "fastload.pack.convert",
+    "convert_sharded": "fastload.pack.engines",
+    "EngineOptions": "fastload.pack.engines",
     # load
     "LMDBImageDataset": "fastload.load.dataset",
     "DataLoader": "fastload.load.loader",

@@ -8,6 +8,7 @@ A pytest plugin (loaded by ``tests/conftest.py``):
   ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_REGION``
   point at it, and are restored after that test.
 * ``fresh_bucket`` (function): a new, empty bucket for one test; its name.
+* ``refused_endpoint`` (function): an ``http://127.0.0.1:PORT`` URL that refuses connections.
 
 Skipped, with the reason, only when the ``weed`` binary is not installed.
 """
@@ -55,6 +56,15 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _die_with_parent() -> None:
+    """In the child: SIGTERM when the test process dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``), so
+    a killed test run leaves no server behind on the shared machine."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
 @dataclass
 class S3Server:
     """A running ``weed mini``: its S3 endpoint, and helpers for buckets and URLs."""
@@ -79,19 +89,21 @@ class S3Server:
         filer = f"127.0.0.1:{self.ports['filer']}.{self.ports['filer.port.grpc']}"
         out = subprocess.run([self.weed, "shell", f"-master={master}", f"-filer={filer}"],
                              input=f"s3.bucket.create -name {name}\n", capture_output=True, text=True, timeout=60)
-        if f"created bucket {name}" not in out.stdout + out.stderr:
+        said = out.stdout + out.stderr
+        if f"created bucket {name}" not in said and f"bucket {name} already exists" not in said:
             raise RuntimeError(f"weed shell could not create bucket {name}: {out.stdout[-500:]} {out.stderr[-500:]}")
         return name
 
     def start(self) -> None:
         args = [self.weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-                "-webdav=false", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
+                "-webdav=false", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-master.telemetry=false"]
         args += [f"-{name if '.' in name else name + '.port'}={port}" for name, port in self.ports.items()]
         self.log = self.data.parent / "weed.log"
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
         with open(self.log, "wb") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, cwd=self.data)
+                                         start_new_session=True, cwd=self.data, preexec_fn=_die_with_parent)
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
                     "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}
 
@@ -174,6 +186,15 @@ def _s3_environment(request):
         for name, value in server.env.items():
             mp.setenv(name, value)
         yield
+
+
+@pytest.fixture
+def refused_endpoint():
+    """``http://127.0.0.1:PORT`` where connections are refused: a port bound, never listening (so no
+    other process on this shared machine can take it while the test runs)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
 @pytest.fixture

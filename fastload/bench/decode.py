@@ -23,7 +23,6 @@ Must not: assert on timings.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -177,7 +176,7 @@ def bench_decode(folder: str | Path, options: DecodeBenchOptions = DecodeBenchOp
     from fastload.image.fast import image_size
     from fastload.load.transforms import rrc_params
     from fastload.measure.env import environment
-    from fastload.measure.rounds import rotated
+    from fastload.measure.rounds import interleave
     from fastload.measure.timing import one_torch_thread
 
     files = sorted(p for p in Path(folder).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
@@ -194,15 +193,16 @@ def bench_decode(folder: str | Path, options: DecodeBenchOptions = DecodeBenchOp
         for name in runnable:  # warm-up: first calls load libraries and allocate
             for k in range(min(8, len(blobs))):
                 methods[name](k)  # type: ignore[operator]
-        for r in range(options.rounds):
-            for name in rotated(runnable, r):
-                fn = methods[name]
-                t0 = time.perf_counter()
-                for k in range(len(blobs)):
-                    fn(k)  # type: ignore[operator]
-                results[name].rounds.append((time.perf_counter() - t0) * 1e3 / len(blobs))
-        for res in results.values():
-            if res.rounds:
-                res.ms_per_image = statistics.median(res.rounds)
+        def measure(name: str, _round: int) -> float:
+            fn = methods[name]
+            t0 = time.perf_counter()
+            for k in range(len(blobs)):
+                fn(k)  # type: ignore[operator]
+            return (time.perf_counter() - t0) * 1e3 / len(blobs)
+
+        for name, arm in interleave(runnable, options.rounds, measure).items():
+            results[name].rounds = arm.values
+            if arm.values:
+                results[name].ms_per_image = arm.median()
     mp = sum(h * w for h, w in sizes) / len(sizes) / 1e6
     return DecodeBench(options, len(blobs), mp, results, environment())

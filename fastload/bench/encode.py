@@ -112,7 +112,7 @@ def bench_encode(folder: str | Path, options: EncodeBenchOptions = EncodeBenchOp
     from fastload.image.policy import decode_reference, psnr
     from fastload.load.transforms import train_transform
     from fastload.measure.env import environment
-    from fastload.measure.rounds import rotated
+    from fastload.measure.rounds import interleave
     from fastload.measure.timing import one_torch_thread, preset_ms_per_image
     from fastload.pack.sources import IMG_EXTENSIONS
 
@@ -144,9 +144,10 @@ def bench_encode(folder: str | Path, options: EncodeBenchOptions = EncodeBenchOp
     with one_torch_thread():
         for name in CANDIDATES:  # warm-up: first calls load libraries and allocate
             preset_ms_per_image(transform, blobs[name][:1], 0)
-        for r in range(options.rounds):
-            for name in rotated(list(CANDIDATES), r):  # the same seed: the same crops for every candidate
-                results[name].rounds.append(preset_ms_per_image(transform, blobs[name], options.seed + r))
-    for c in results.values():
-        c.preset_ms = statistics.median(c.rounds)
+        # the same seed within a round: the same crops for every candidate
+        arms = interleave(list(CANDIDATES), options.rounds,
+                          lambda name, r: preset_ms_per_image(transform, blobs[name], options.seed + r))
+    for name, c in results.items():
+        c.rounds = arms[name].values
+        c.preset_ms = arms[name].median()
     return EncodeBench(options, len(refs), formats, pixels / len(refs) / 1e6, results, environment())

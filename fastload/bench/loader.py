@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -43,7 +42,7 @@ from pathlib import Path
 
 
 from fastload.bench import _spdl_path as _spdl
-from fastload.measure.rounds import rotated
+from fastload.measure.rounds import interleave
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
@@ -67,6 +66,11 @@ class LoaderBenchOptions:
         reduced_encoding: ``convert --encoding`` of that store (``jpeg``, ``raw``: pixels, no
             decode, or ``auto``).
         paths: the paths to run (default: every one that can run here).
+        step_ms: a simulated training step after every batch (``train.SimulatedStep``), so the
+            loader runs beside a training loop; 0 (default): the loader alone, as fast as it goes.
+        host_ms: of each step, the host CPU ms that hold the GIL (kernel launches); the rest of
+            ``step_ms`` is slept. Loader threads in this process compete with it for the GIL,
+            worker processes do not.
     """
 
     workers: int = 2
@@ -78,10 +82,14 @@ class LoaderBenchOptions:
     max_side: int | None = None
     reduced_encoding: str = "jpeg"
     paths: tuple[str, ...] | None = None
+    step_ms: float = 0.0
+    host_ms: float = 0.0
 
     def __post_init__(self) -> None:
         from fastload.image.policy import ENCODING_CHOICES
 
+        if self.step_ms < 0 or self.host_ms < 0:
+            raise ValueError(f"step_ms and host_ms must be >= 0, got {self.step_ms}, {self.host_ms}")
         if self.workers < 0 or self.batch_size < 1 or self.batches < 1 or self.rounds < 1 or self.warmup < 0:
             raise ValueError("workers >= 0, batch_size >= 1, batches >= 1, rounds >= 1 and warmup >= 0 are required")
         if self.reduced_encoding not in ENCODING_CHOICES:
@@ -126,8 +134,10 @@ class LoaderBench:
     def table(self) -> str:
         o = self.options
         w = max(26, *(len(r.name) + 2 for r in self.results))
+        step = (f"; a simulated step of {o.step_ms:g} ms after each batch, {o.host_ms:g} ms of it host CPU holding "
+                "the GIL" if o.step_ms or o.host_ms else "")
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, median of {o.rounds} rounds "
-                 f"x {o.batches} batches (path order rotated each round, previous workers shut down first)",
+                 f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"]
         for r in self.results:
             if r.images_per_s is None:
@@ -169,14 +179,18 @@ def _forever(make_epoch: Callable[[], Iterable]) -> Iterator:
         yield from make_epoch()
 
 
-def _time(loader: Iterable, warmup: int, batches: int) -> float:
+def _time(loader: Iterable, warmup: int, batches: int, step: Callable[[], object] | None = None) -> float:
     it = _forever(lambda: loader)
     for _ in range(warmup):
         next(it)
+        if step is not None:
+            step()
     n = 0
     t0 = time.perf_counter()
     for images, _labels, *_ in itertools.islice(it, batches):
         n += len(images)
+        if step is not None:
+            step()
     return n / (time.perf_counter() - t0)
 
 
@@ -311,6 +325,11 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
 
     data = Path(data)
     o = options
+    step = None
+    if o.step_ms or o.host_ms:
+        from fastload.measure.train import SimulatedStep
+
+        step = SimulatedStep(o.step_ms, o.host_ms).run
     wanted = o.paths or ALL_PATHS
     unknown = set(wanted) - set(ALL_PATHS)
     if unknown:
@@ -376,32 +395,32 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         add("ffcv", prep_ffcv, reads=store, missing=None if importlib.util.find_spec("ffcv") else
             "ffcv is not importable (it needs libopencv-dev, libturbojpeg0-dev, pkg-config, then pip install ffcv)")
         order = [n for n in ALL_PATHS if n in builders]
+
+        def measure(name: str, k: int) -> float | None:
+            pbar.update()
+            if results[name].skipped:
+                return None
+            try:
+                with running(builders[name]()) as loader:
+                    return _time(loader, o.warmup, o.batches, step)
+            except Exception as exc:
+                results[name].skipped = _reason(exc)
+                return None
+
         with bar(total=o.rounds * len(order), desc="bench loader", disable=not progress) as pbar:
-            for k in range(o.rounds):
-                for name in rotated(order, k):
-                    pbar.update()
-                    if results[name].skipped:
-                        continue
-                    try:
-                        with running(builders[name]()) as loader:
-                            results[name].rounds.append(_time(loader, o.warmup, o.batches))
-                        results[name].order.append(k)
-                    except Exception as exc:
-                        results[name].skipped = _reason(exc)
-                        results[name].rounds.clear()
+            arms = interleave(order, o.rounds, measure)
         ordered = []
-        base = results.get("torchvision")
+        base = arms.get("torchvision") if "torchvision" in arms and not results["torchvision"].skipped else None
         for name in ALL_PATHS:
             if name not in results:
                 continue
             r = results[name]
-            if r.skipped:
-                r.rounds.clear()
-            if r.rounds:
-                r.images_per_s = statistics.median(r.rounds)
-                if base is not None and base.rounds and not base.skipped:
-                    by_round = dict(zip(base.order, base.rounds))
-                    r.round_ratios = [v / by_round[k] for k, v in zip(r.order, r.rounds) if k in by_round]
+            arm = arms.get(name)
+            if arm is not None and arm.values and not r.skipped:
+                r.rounds, r.order = arm.values, arm.rounds
+                r.images_per_s = arm.median()
+                if base is not None and base.values:
+                    r.round_ratios = arm.ratios_to(base)
             ordered.append(r)
         ceilings: dict[str, float] = {}
         for name, path in stores.items():

@@ -5,7 +5,8 @@ Owns: ``bench_profile()`` and ``python -m fastload.bench.profile``. Arms: ``plai
 DataLoader patch, per-sample timing, the per-step records) and, on CUDA, ``kineto`` (every
 step inside the torch.profiler window). Each step does the same work in every arm: a
 DataLoader batch (workers 0, a map-style dataset of small tensors) and a fixed matmul
-chain on the device. Rounds are interleaved; the median step time of each arm and its
+chain on the device. Rounds are interleaved, the order rotated each round (``measure.rounds.interleave``:
+no arm always runs first); the median step time of each arm and its
 ratio to ``plain`` (with the spread over rounds) are reported.
 
 Must not: assert anything about the figures (benchmarks report; tests do not time).
@@ -49,24 +50,24 @@ def _loop(steps: int, device: str, size: int) -> float:
 def bench_profile(*, steps: int = 200, rounds: int = 5, size: int = 192) -> dict[str, Any]:
     """Median seconds per step of each arm, and ratios to ``plain`` with their min..max over rounds."""
 
+    from fastload.measure.rounds import interleave
     from fastload.profiling.profile import profile
 
     from fastload.system import resolve_device
 
     device = resolve_device("auto").type
     arms = ["plain", "profiled"] + (["kineto"] if device == "cuda" else [])
-    times: dict[str, list[float]] = {a: [] for a in arms}
     _loop(20, device, size)  # warm caches, kernels, the allocator
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            for arm in arms:
-                if arm == "plain":
-                    times[arm].append(_loop(steps, device, size))
-                else:
-                    with profile(out=Path(tmp) / f"{arm}-{r}", warmup=1,
-                                 kineto_steps=steps + 1 if arm == "kineto" else 0):
-                        times[arm].append(_loop(steps, device, size))
-    ratios = {a: [t / p for t, p in zip(times[a], times["plain"])] for a in arms}
+        def measure(arm: str, r: int) -> float:
+            if arm == "plain":
+                return _loop(steps, device, size)
+            with profile(out=Path(tmp) / f"{arm}-{r}", warmup=1, kineto_steps=steps + 1 if arm == "kineto" else 0):
+                return _loop(steps, device, size)
+
+        measured = interleave(arms, rounds, measure)
+    times = {a: m.values for a, m in measured.items()}
+    ratios = {a: m.ratios_to(measured["plain"]) for a, m in measured.items()}
     return {"device": device, "steps": steps, "rounds": rounds,
             "step_ms": {a: statistics.median(v) * 1e3 for a, v in times.items()},
             "overhead": {a: {"median": statistics.median(v) - 1, "min": min(v) - 1, "max": max(v) - 1}

@@ -22,9 +22,10 @@ batch of ``n`` (freeing the CPU as a GPU does), so a CPU machine shows what batc
 worth to a GPU. Device busy fraction = time in the model call (with the normalisation
 on the device) / wall time of the run.
 
-Rounds interleave: round 1 runs every (load, configuration) point once, then round 2, so
-drift on the machine reaches every configuration alike; each point reports the median
-over rounds and the range.
+Rounds interleave (``measure.rounds.interleave``): round 1 runs every (load, configuration)
+point once, then round 2 with the order rotated by one place, and so on, so drift on the
+machine reaches every configuration alike and no point always follows the same one; each
+point reports the median over rounds and the range.
 
 Lives in ``bench/`` (the benchmarks' room, above ``serve/`` and ``measure/``): it drives ``serve/``
 from outside, as a client would. Must not: be imported by ``serve/``; assert performance.
@@ -269,6 +270,7 @@ def _median_point(runs: list[dict], label: str = "config", keys: tuple[str, ...]
 
 def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: bool = True) -> dict:
     """Run every (round, load, configuration) point against a fresh server; return every figure."""
+    from fastload.measure.rounds import interleave
     from fastload.serve.models import build_model
     from fastload.system import available_cpus, resolve_device
 
@@ -279,15 +281,16 @@ def bench_serve(options: ServeBenchOptions = ServeBenchOptions(), *, progress: b
     bodies = _bodies(32, options.image_size + 32, options.seed)
     capacity = _capacity(options, model, bodies, workers, device)
     rates = list(options.rates) if options.rates else [f * capacity["estimate_per_s"] for f in options.loads]
-    raw: dict[tuple[str, float], list[dict]] = {}
-    for rnd in range(options.rounds):
-        for rate in rates:
-            for name in options.configs:
-                if progress:
-                    print(f"round {rnd + 1}/{options.rounds}: {name:<12} at {rate:7.1f} requests/s for "
-                          f"{options.duration_s:g}s ...", flush=True)
-                res = _serve_once(options, model, name, rate, bodies, workers, options.seed + rnd, device)
-                raw.setdefault((name, rate), []).append(res.summary())
+
+    def measure(point: tuple[float, str], rnd: int) -> dict:
+        rate, name = point
+        if progress:
+            print(f"round {rnd + 1}/{options.rounds}: {name:<12} at {rate:7.1f} requests/s for "
+                  f"{options.duration_s:g}s ...", flush=True)
+        return _serve_once(options, model, name, rate, bodies, workers, options.seed + rnd, device).summary()
+
+    arms = interleave([(rate, name) for rate in rates for name in options.configs], options.rounds, measure)
+    raw = {(name, rate): arms[(rate, name)].values for rate in rates for name in options.configs}
     points = [_median_point(raw[(name, rate)]) for rate in rates for name in options.configs]
     return {"options": asdict(options), "device": str(device), "workers": workers, "capacity": capacity,
             "rates": rates,

@@ -31,16 +31,31 @@ def bench() -> None:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Worker processes for every pass [default: the CPUs this process may use].")
 @json_out_option
+@click.option("--engine", "engines", default=None,
+              help="Compare sharded conversion engines instead, e.g. local,ray: images/s each (Ray's start-up "
+                   "included and reported), and how many files make Ray pay.")
+@click.option("--num-shards", type=click.IntRange(min=1), default=None, help="--engine: shards [default: files/500].")
+@click.option("--to", default=None,
+              help="--engine: also upload the shard files to this s3:// prefix, against writing them locally.")
 @friendly
-def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None:
+def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines, num_shards, to) -> None:
     """Conversion images/s against reading (cat) and read+validate of DATA, same pool.
 
-    read+validate runs conversion's own per-file worker (fastload.image.policy:prepare_file).
+    read+validate runs conversion's own per-file worker (fastload.pack.work:prepare_item).
+    With --engine local,ray: the sharded conversion engines side by side instead.
 
     DATA is an ImageFolder tree or file list [default: the generated default dataset].
     """
-    from fastload.bench.convert import bench_convert
+    from fastload.bench.convert import bench_convert, bench_engines
 
+    if engines is not None:
+        names = tuple(e.strip() for e in engines.split(",") if e.strip())
+        bad = [e for e in names if e not in ("local", "ray")]
+        if bad or not names:
+            raise click.BadParameter(f"unknown engine {bad[0] if bad else engines!r}; valid: local, ray",
+                                     param_hint="--engine")
+        emit(bench_engines(data_or_default(data), names, num_shards=num_shards, workers=workers, to=to), json_out)
+        return
     result = bench_convert(data_or_default(data), workers=workers)
     emit(result, json_out)
 
@@ -64,10 +79,14 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None) -> None
               help="--encoding of the --max-side store (raw: pixels, no decode when training).")
 @click.option("--path", "paths", multiple=True, help="Only these paths (repeatable): torchvision, fastload, "
               "fastload-threads, fastload-reduced, webdataset, dali-cpu, spdl, ffcv.")
+@click.option("--step-ms", type=click.FloatRange(min=0), default=Default(LOADER, "step_ms"), show_default=True,
+              help="A simulated training step after every batch (0: the loader alone).")
+@click.option("--host-ms", type=click.FloatRange(min=0), default=Default(LOADER, "host_ms"), show_default=True,
+              help="Of each step, host CPU ms holding the GIL (kernel launches; 8 is the measured ResNet-50 cost).")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     json_out) -> None:
+                     step_ms, host_ms, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -79,7 +98,7 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
                               rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
-                              paths=tuple(paths) or None)
+                              paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms)
     result = bench_loader(data_or_default(data), store=store, options=opts)
     emit(result, json_out)
 

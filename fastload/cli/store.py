@@ -19,8 +19,8 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True, path_type=Path))
-@click.argument("dst", type=click.Path(path_type=Path))
+@click.argument("src")
+@click.argument("dst")
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
               help="Downscale images whose LONGER side exceeds N to N (re-encoded as JPEG).")
 @click.option("--quality", type=click.IntRange(1, 100), default=None,
@@ -36,10 +36,18 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
               help="Training crop size the --max-side advice printed after the conversion is for.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")
 @click.option("--seed", type=int, default=Default(CONVERT, "seed"), show_default=True, help="Seed for --shuffle.")
-@click.option("--num-shards", type=click.IntRange(min=1), default=Default(CONVERT, "num_shards"), show_default=True,
-              help="Split the dataset into K shards (one machine each).")
-@click.option("--shard-index", type=click.IntRange(min=0), default=Default(CONVERT, "shard_index"), show_default=True,
-              help="Which shard this run packs, written to DST/shard-IIIII-of-KKKKK.")
+@click.option("--num-shards", type=click.IntRange(min=1), default=None,
+              help="Split the dataset into K shards. With --engine (or a remote SRC/DST): K shards by file count, "
+                   "all converted by this command; with --shard-index: this run packs one of them [default: 1].")
+@click.option("--shard-index", type=click.IntRange(min=0), default=None,
+              help="Which shard this run packs by hand, written to DST/shard-IIIII-of-KKKKK [default: 0].")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default=None,
+              help="Convert a sharded store (DST/manifest.json + one compacted LMDB file per shard): local = this "
+                   "machine's process pool, ray = one Ray task per shard. Implied by s3:// gs:// az:// SRC or DST.")
+@click.option("--address", default=None,
+              help="--engine ray: the cluster (auto, ray://HOST:PORT) [default: start a local one].")
+@click.option("--shard-size", default=None,
+              help="Sharded store: target source bytes per shard, e.g. 64MB (the default unless --num-shards).")
 @click.option("--strict", is_flag=True, help="Stop at the first unreadable file instead of skipping it.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Validation processes [default: the CPUs this process may use].")
@@ -55,24 +63,48 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
               help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
-def convert(src: Path, dst: Path, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
-            shard_index, strict, workers, max_pixels, chunk_size, max_file_bytes, follow_symlinks, num_classes,
-            quiet) -> None:
+def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
+            shard_index, engine, address, shard_size, strict, workers, max_pixels, chunk_size, max_file_bytes,
+            follow_symlinks, num_classes, quiet) -> None:
     """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
 
     Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.
     Interrupt it at any moment and rerun the same command to resume. When the stored images
     are far larger than --train-size needs, it measures and prints the --max-side that would
     load faster.
+
+    SRC and DST may be s3://BUCKET/PREFIX (also gs://, az://; credentials and endpoint from the
+    standard environment variables); SRC may also be a folder or prefix of WebDataset .tar shards
+    or of Parquet files (Hugging Face layout). With --engine, or such a SRC or DST, DST is a
+    sharded store written shard by shard (on Ray with --engine ray) and its manifest.json last.
     """
     from fastload.pack.convert import ConvertOptions
     from fastload.pack.convert import convert as run
+    from fastload.store.remote import is_remote
 
-    if shard_index >= num_shards:
-        raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
     if lossless and (max_side is not None or quality is not None):
         raise click.BadParameter("cannot be combined with --max-side or --quality, which re-encode as lossy JPEG "
                                  "(for exact downscaled pixels: --max-side N --encoding raw)", param_hint="--lossless")
+    if not is_remote(src) and not Path(src).exists():
+        raise click.BadParameter(f"{src} does not exist", param_hint="SRC")
+    sharded = engine is not None or is_remote(src) or is_remote(dst) or shard_size is not None or _container(src)
+    if sharded and shard_index is not None:
+        raise click.BadParameter("packs one shard by hand; --engine, --shard-size, remote SRC/DST and tar or "
+                                 "Parquet sources convert every shard in one command", param_hint="--shard-index")
+    if not sharded and address is not None:
+        raise click.BadParameter("needs --engine ray", param_hint="--address")
+    if sharded:
+        _convert_sharded(src, dst, engine or "local", address, num_shards, shard_size,
+                         dict(max_side=max_side, quality=quality, encoding=encoding, lossless=lossless,
+                              shuffle=shuffle, seed=seed, strict=strict, workers=workers, chunk_size=chunk_size,
+                              max_pixels=max_pixels, max_file_bytes=max_file_bytes,
+                              follow_symlinks=follow_symlinks, num_classes=num_classes, progress=not quiet))
+        return
+    src, dst = Path(src), Path(dst)
+    num_shards = num_shards or 1
+    shard_index = shard_index or 0
+    if shard_index >= num_shards:
+        raise click.BadParameter(f"must be < --num-shards ({num_shards})", param_hint="--shard-index")
     opts = ConvertOptions(max_side=max_side, quality=quality, encoding=encoding, lossless=lossless,
                           shuffle=shuffle, seed=seed,
                           num_shards=num_shards, shard_index=shard_index, strict=strict, workers=workers,
@@ -92,6 +124,38 @@ def convert(src: Path, dst: Path, max_side, quality, encoding, lossless, train_s
         advice = _advice(report.dst, train_size)
         if isinstance(advice, str) or advice.speedup is not None:  # measured only for images far larger
             click.echo(advice if isinstance(advice, str) else advice.message(str(src)))
+
+
+def _container(src: str) -> bool:
+    from fastload.pack.containers import is_container_source
+
+    return is_container_source(src) is not None
+
+
+def _convert_sharded(src: str, dst: str, engine: str, address, num_shards, shard_size, kw: dict) -> None:
+    from fastload.pack.convert import ConvertOptions
+    from fastload.pack.engines import EngineOptions, convert_sharded, parse_size
+
+    if kw.pop("strict"):
+        raise click.BadParameter("is not available for sharded conversion (shards run independently); bad files "
+                                 "are skipped and named in the report", param_hint="--strict")
+    if num_shards is not None and shard_size is not None:
+        raise click.BadParameter("give --num-shards or --shard-size, not both", param_hint="--shard-size")
+    try:
+        size = parse_size(shard_size) if shard_size is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shard-size") from None
+    eng = EngineOptions(engine=engine, address=address, num_shards=num_shards,
+                        **({"shard_bytes": size} if size is not None else {}))
+    report = convert_sharded(src, dst, ConvertOptions(**kw), eng)
+    for w in report.warnings:
+        click.echo(f"warning: {printable(w)}", err=True)
+    click.echo(report.summary_line())
+    for s in report.skipped[:20]:
+        click.echo(f"  skipped {printable(s['relpath'])}: {printable(s['reason'])}")
+    if len(report.skipped) > 20:
+        click.echo(f"  ... and {len(report.skipped) - 20} more, see {dst}/manifest.json (counts.skipped)")
+    _print_reasons(report.canonicalised, report.reencoded_reasons, report.lossy, indent="  ")
 
 
 def _advice(store: Path, train_size: int):
@@ -117,7 +181,7 @@ def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: st
 
 
 @click.command()
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store")
 @click.option("--no-decode", is_flag=True, help="Check checksums only; do not decode.")
 @click.option("--decoders", default="fastload", show_default=True,
               help="Comma-separated decoders to check every record with: fastload (the loaders' fast path), "
@@ -128,8 +192,27 @@ def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: st
 @friendly
 def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, quiet: bool) -> None:
     """Re-read every record of STORE: metadata and record checksums, and a decode with each decoder
-    (crash-isolated), compared with Pillow's pixels; exit 1 on any problem."""
-    from fastload.store.check import DECODERS, report_json, verify_store
+    (crash-isolated), compared with Pillow's pixels; exit 1 on any problem.
+
+    STORE may be s3://... (gs://, az://): every shard object is checked against the manifest
+    (exists, size, sha256), and each missing or corrupted one is named."""
+    from fastload.store.check import DECODERS, report_json, verify_remote_shards, verify_store
+    from fastload.store.remote import is_remote
+
+    if is_remote(store):
+        checked, problems = verify_remote_shards(store, progress=not quiet and not as_json)
+        if as_json:
+            click.echo(json.dumps({"store": store, "shards": checked, "ok": not problems,
+                                   "problems": [{"object": u, "problem": w} for u, w in problems]}, indent=1))
+        else:
+            for u, w in problems:
+                click.echo(f"{u}: {w}")
+            state = "OK" if not problems else f"{len(problems)} problems"
+            click.echo(f"{store}: {checked} shard objects checked against the manifest (size, sha256), {state}")
+        if problems:
+            sys.exit(1)
+        return
+    store = Path(store)
 
     names = DECODERS if decoders.strip() == "all" else tuple(d.strip() for d in decoders.split(",") if d.strip())
     unknown = [d for d in names if d not in DECODERS]

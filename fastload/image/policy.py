@@ -30,11 +30,16 @@ Damaged versus odd (``prepare`` skips the first, canonicalises the second):
   file (ancillary chunks with a bad CRC are dropped: Pillow refuses them, the pixels do
   not need them) or data after the zlib stream is odd. A file cut after its image data
   (inside IEND) is refused by Pillow's strict decode, and so skipped.
-* JPEG: decoded by libjpeg-turbo (simplejpeg) in strict mode. "Premature end of data
-  segment" (also when an end marker was appended to a cut file), "premature end of JPEG
-  file" (no end marker), and corrupt entropy data (bad Huffman codes, ...) are damage. "Extraneous bytes before
-  a marker" is odd. Limitation: libjpeg stops at its first warning, so a file whose first
-  problem is extraneous bytes is not searched for later damage.
+* JPEG: decoded by libjpeg-turbo (simplejpeg) in strict mode. A warning about the header
+  (stray bytes between segments before the scan, malformed ICC profile markers, scan-header
+  fields a sequential decode ignores, an unknown JFIF revision or Adobe transform) is odd,
+  once the file decodes without a warning with those set aside. Any warning from the scan data is damage:
+  "N extraneous bytes before marker" EOI/RSTn/DHT/SOS (the decoder lost sync, as bit rot
+  does), "premature end of data segment" (also when an end marker was appended to a cut
+  file), "premature end of JPEG file" (no end marker), bad Huffman codes, wrong restart
+  markers, unknown markers. Measured on intact and bit-rotted files by
+  ``tools/jpeg_damage_table.py`` (docs/jpeg-damage.md). Limit: a change to the scan data
+  that decodes without a warning (to other pixels) cannot be told from an intact file.
 * Decompression bombs (over ``max_pixels``), empty files, files Pillow cannot open
   (including 12-bit JPEGs, which Pillow and so ``ImageFolder`` cannot read) are bad.
 
@@ -61,8 +66,10 @@ Must not: import torch or anything from the rooms above (``store/``, ``pack/``, 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
+import re
 import stat
 import warnings
 from dataclasses import dataclass
@@ -71,7 +78,8 @@ import numpy as np
 from PIL import Image, ImageFile, ImageOps
 
 from fastload.errors import CorruptSampleError
-from fastload.image.damage import DROP_BAD_CHUNKS, jpeg_damage, png_damage, png_without_bad_chunks
+from fastload.image.damage import (DROP_BAD_CHUNKS, bad_crc_chunks, jpeg_damage, png_damage,
+                                   png_without_bad_chunks)
 from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, raw_header, sniff
 
 __all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
@@ -109,6 +117,7 @@ class Prepared:
     width: int
     height: int
     psnr: float | None = None  # dB against the pixels encoded, for lossy writes; None when exact
+    salvaged: str | None = None  # what was repaired so that Pillow reads it (docs/jpeg-damage.md), else None
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -159,7 +168,8 @@ def open_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Im
             raise BadImage(f"{frame[1]}-bit JPEG: Pillow (and so torchvision's ImageFolder) cannot decode it; "
                            "convert it to 8-bit") from None
         what = f"a {kind} file that Pillow cannot open" if kind else "not an image (unrecognised header)"
-        raise BadImage(f"{what}: {exc}") from None
+        said = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", str(exc))  # an address says nothing
+        raise BadImage(f"{what}: {said}") from None
     check_pixels(*img.size, max_pixels)
     return img
 
@@ -298,8 +308,7 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
     """
     kind = sniff(data)
     odd: list[str] = []
-    fast = None
-    source = data
+    source, salvaged = data, None
     if kind == "png":
         if data[12:16] == b"IHDR":  # the bomb limit before the image stream is inflated
             check_pixels(int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big"), max_pixels)
@@ -307,6 +316,22 @@ def prepare(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, max_side: int 
         if DROP_BAD_CHUNKS in odd:  # Pillow refuses those chunks; the pixels do not need them
             odd.remove(DROP_BAD_CHUNKS)
             source = png_without_bad_chunks(data)
+            try:
+                open_image(data, max_pixels=max_pixels)
+            except BadImage:  # Pillow (so ImageFolder and serve) refuses the file as it is
+                salvaged = (f"left out ancillary PNG chunk(s) {', '.join(bad_crc_chunks(data))} with a bad CRC, for "
+                            "which Pillow cannot open the file; the image data's own checks (zlib adler32, length, "
+                            "row filters) passed")
+    out = _decide(data, kind, source, odd, max_pixels=max_pixels, max_side=max_side, quality=quality,
+                  encoding=encoding, lossless=lossless)
+    return dataclasses.replace(out, salvaged=salvaged) if salvaged else out
+
+
+def _decide(data: bytes, kind: str | None, source: bytes, odd: list[str], *, max_pixels: int, max_side: int | None,
+            quality: int | None, encoding: str, lossless: bool) -> Prepared:
+    """``prepare`` once a PNG's structure is checked: ``source`` is what Pillow reads (``data``, or
+    the PNG without its bad-CRC ancillary chunks)."""
+    fast = None
     img = open_image(source, max_pixels=max_pixels)
     if kind == "jpeg":  # after open_image: its bomb check comes before libjpeg-turbo allocates
         odd, fast = jpeg_damage(data)
@@ -404,22 +429,32 @@ def prepare_file(path: str, options: dict) -> tuple:
     folder, through a symbolic link, is not read).
 
     Returns:
-        ``("ok", data, encoding, stored_as, reason, psnr)`` or ``("bad", reason)``.
+        ``("ok", data, encoding, stored_as, reason, psnr, notes)`` or ``("bad", reason, notes)``;
+        ``notes``: ``{"salvaged": what was repaired or None, "warnings": the decoders' warnings}``.
     """
     ImageFile.LOAD_TRUNCATED_IMAGES = False  # strict in every conversion worker, whatever was imported
     opts = dict(options)
     max_bytes = opts.pop("max_file_bytes", DEFAULT_MAX_FILE_BYTES)
     inside = opts.pop("inside", None)
-    try:
-        real = os.path.realpath(path)
-        if inside is not None and real != os.path.abspath(path) and not _within(real, inside):
-            raise BadImage(f"symbolic link to {real}, outside the source; pass --follow-symlinks to read it")
-        p = prepare(read_source_file(path, max_bytes=max_bytes), **opts)
-    except BadImage as exc:
-        return ("bad", str(exc))
-    except MemoryError:
-        return ("bad", "out of memory while decoding")
-    return ("ok", p.data, p.encoding, p.stored_as, p.reason, p.psnr)
+    # Pillow's warnings (corrupt EXIF, malformed MPO, ...) go into the report per file, not to stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            real = os.path.realpath(path)
+            if inside is not None and real != os.path.abspath(path) and not _within(real, inside):
+                raise BadImage(f"symbolic link to {real}, outside the source; pass --follow-symlinks to read it")
+            p = prepare(read_source_file(path, max_bytes=max_bytes), **opts)
+        except BadImage as exc:
+            return ("bad", str(exc), _notes(caught, None))
+        except MemoryError:
+            return ("bad", "out of memory while decoding", _notes(caught, None))
+    return ("ok", p.data, p.encoding, p.stored_as, p.reason, p.psnr, _notes(caught, p.salvaged))
+
+
+def _notes(caught: list[warnings.WarningMessage], salvaged: str | None) -> dict:
+    """What a worker reports about a file besides the verdict: repairs, and decoder warnings (each once)."""
+    said = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    return {"salvaged": salvaged, "warnings": said}
 
 
 def sample_error(store: object, index: int, relpath: str | None, exc: BaseException) -> CorruptSampleError:

@@ -10,10 +10,19 @@ The rule, per training process:
 * Divided among the processes on this node: ``LOCAL_WORLD_SIZE`` (set by ``torchrun``),
   else the number of visible GPUs (one process per GPU is the norm), at least 1.
 * With 1 CPU per process: 0 workers (loading in the main process; a worker would only
-  add inter-process copies). With 2-3: one worker per CPU: while the GPU computes, the
-  training process mostly waits, and leaving one of two or three CPUs idle would throw
-  away a third to half of the decode capacity. With 4 or more: all but one, which is left
-  to the training process (kernel launches, the optimizer, collation, pinning).
+  add inter-process copies).
+* On a GPU host (a GPU visible, or ``LOCAL_WORLD_SIZE`` set beside one), every process
+  with 2 or more CPUs keeps one CPU of headroom for the training process: launching a
+  model's kernels holds the GIL and a core for several ms per step (~8 ms for a ResNet-50
+  step, ``tools/launch_cost.py``), besides the optimizer, collation and pinning; a worker
+  on that core slows every step it shares it with.
+* Without a GPU, with 2-3 CPUs: one worker per CPU (no headroom: the rule assumes the step
+  leaves the CPUs to the loader while it waits on a device elsewhere, as the recipes'
+  simulated device does; a model computing on these CPUs competes with the workers, and
+  ``fastload profile`` says so). With 4 or more: all but one.
+
+``WorkerPlan.assumption`` says which of these the count assumed, and ``auto_num_workers()``
+logs it (logger ``fastload.load.workers``, INFO).
 
 Thread budget: DataLoader workers already run with one intra-op thread each (torch sets
 it). The main process keeps ``max(1, cpus_per_process - workers)`` intra-op threads, so
@@ -36,6 +45,7 @@ Must not: start processes or touch CUDA beyond counting devices.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +57,8 @@ __all__ = ["WorkerPlan", "worker_plan", "auto_num_workers", "main_thread_budget"
            "shm_space", "check_shm"]
 
 SHM_PATH = "/dev/shm"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,8 @@ class WorkerPlan:
     workers: int
     main_threads: int
     rule: str
+    headroom: int = 0  # CPUs per process left to the training process
+    assumption: str = ""  # what the count assumed about the training process
 
     def explain(self) -> str:
         return "\n".join([
@@ -68,6 +82,7 @@ class WorkerPlan:
             f"processes on this node: {self.local_processes} ({self.local_source})",
             f"CPUs per process: {self.cpus_per_process}",
             f"DataLoader workers per process: {self.workers} ({self.rule})",
+            f"assumed: {self.assumption}",
             f"main-process intra-op threads: {self.main_threads} (= max(1, CPUs per process - workers))",
         ])
 
@@ -102,16 +117,32 @@ def worker_plan(*, env: Mapping[str, str] | None = None, budget: CpuBudget | Non
     per = max(1, budget.available // procs)
     if per == 1:
         workers, rule = 0, "1 CPU: load in the main process"
+        assumption = "one CPU: the training process and the loading share it"
+    elif gpus > 0:
+        workers, rule = per - 1, "GPU host: one worker per CPU, minus one for the training process"
+        assumption = ("a GPU trains: the training process needs a CPU of its own for kernel launches (they hold "
+                      "the GIL and a core, ~8 ms per ResNet-50 step), the optimizer, collation and pinning")
     elif per <= 3:
-        workers, rule = per, "2-3 CPUs: one worker per CPU, the main process mostly waits on the GPU"
+        workers, rule = per, "2-3 CPUs, no GPU: one worker per CPU"
+        assumption = ("no GPU visible: the step leaves these CPUs to the loader while it waits on a device "
+                      "elsewhere; if the model computes on these CPUs, fewer workers may be faster "
+                      "(fastload profile measures it)")
     else:
         workers, rule = per - 1, "4+ CPUs: one worker per CPU, minus one for the training process"
-    return WorkerPlan(budget, procs, source, gpus, per, workers, max(1, per - workers), rule)
+        assumption = "the training process needs about one CPU of its own"
+    return WorkerPlan(budget, procs, source, gpus, per, workers, max(1, per - workers), rule,
+                      headroom=per - workers, assumption=assumption)
 
 
 def auto_num_workers() -> int:
-    """DataLoader workers for this process: ``worker_plan().workers`` (see the module doc)."""
-    return worker_plan().workers
+    """DataLoader workers for this process: ``worker_plan().workers`` (see the module doc).
+
+    Logs the count and what it assumed (logger ``fastload.load.workers``, INFO).
+    """
+    plan = worker_plan()
+    log.info("num_workers='auto' -> %d (%s; %d CPU(s) per process, %d left to the training process). "
+             "Assumed: %s.", plan.workers, plan.rule, plan.cpus_per_process, plan.headroom, plan.assumption)
+    return plan.workers
 
 
 def main_thread_budget(num_workers: int) -> int:

@@ -116,21 +116,19 @@ def max_side_advice(store: str | os.PathLike[str], *, size: int = 224, sample: i
     if not blobs or median_long < FAR_LARGER * max_side:
         return advice
     from fastload.load.transforms import train_transform
+    from fastload.measure.rounds import interleave
     from fastload.measure.timing import one_torch_thread, preset_ms_per_image
 
     # the same call convert would make with --max-side, under the store's own options
     reduced = [prepare(b, max_side=max_side, encoding=options.get("encoding", "jpeg"),
                        max_pixels=options["max_pixels"]).data for b in blobs]
     transform = train_transform(size)
-    stored_ms, reduced_ms = [], []
+    data = {"stored": blobs, "reduced": reduced}
     with one_torch_thread():
         preset_ms_per_image(transform, blobs[:1], seed)  # first-call costs (imports, allocators) off the clock
         preset_ms_per_image(transform, reduced[:1], seed)
-        for r in range(rounds):
-            pair = [(blobs, stored_ms), (reduced, reduced_ms)]
-            for data, out in (pair if r % 2 == 0 else pair[::-1]):
-                out.append(preset_ms_per_image(transform, data, seed + r))
-    ms_stored, ms_reduced = statistics.median(stored_ms), statistics.median(reduced_ms)
+        arms = interleave(list(data), rounds, lambda arm, r: preset_ms_per_image(transform, data[arm], seed + r))
+    ms_stored, ms_reduced = arms["stored"].median(), arms["reduced"].median()
     return MaxSideAdvice(**{**asdict(advice), "speedup": round(ms_stored / ms_reduced, 2),
                             "ms_stored": round(ms_stored, 3), "ms_reduced": round(ms_reduced, 3),
                             "bytes_ratio": round(sum(map(len, reduced)) / sum(map(len, blobs)), 4),

@@ -83,10 +83,16 @@ class RecipeData:
 
 @dataclass(frozen=True, kw_only=True)
 class RecipeRun:
-    """``[run]``: what every stage shares. ``steps`` and ``warmup`` are per stage per round."""
+    """``[run]``: what every stage shares. ``steps`` and ``warmup`` are per stage per round.
+
+    ``host_ms`` (simulated model only): the host-side CPU time of each step, spent holding
+    the GIL before the device time is slept (``train.SimulatedStep``); default
+    ``train.DEFAULT_HOST_MS``, the measured launch cost of a ResNet-50 step, written into the
+    resolved recipe; 0 gives the pure-sleep device of fastload <= 0.3."""
 
     model: str = "simulated"
     step_ms: float | None = None
+    host_ms: float | None = None
     batch_size: int = 64
     image_size: int = 224
     steps: int = 30
@@ -97,7 +103,7 @@ class RecipeRun:
     seed: int = 0
     rounds: int = 1
 
-    FIELDS = frozenset({"model", "step_ms", "batch_size", "image_size", "steps", "warmup", "device", "amp",
+    FIELDS = frozenset({"model", "step_ms", "host_ms", "batch_size", "image_size", "steps", "warmup", "device", "amp",
                         "channels_last", "seed", "rounds"})
 
     def __post_init__(self) -> None:
@@ -111,6 +117,13 @@ class RecipeRun:
         if self.model == "simulated" and (self.step_ms is None or self.step_ms < 0):
             raise RecipeError("Field run.step_ms (device milliseconds per batch, >= 0) is required when "
                               "run.model = 'simulated'.")
+        if self.host_ms is not None and (isinstance(self.host_ms, bool) or not isinstance(self.host_ms, (int, float))
+                                         or self.host_ms < 0):
+            raise RecipeError(f"Field run.host_ms must be a number >= 0 (host CPU ms per step), got {self.host_ms!r}.")
+        if self.model == "simulated" and self.host_ms is None:
+            from fastload.measure.train import DEFAULT_HOST_MS
+
+            object.__setattr__(self, "host_ms", DEFAULT_HOST_MS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,6 +245,12 @@ class PreparedData:
     folder: Path | None
     store: Path
     num_classes: int
+    images: int = 0
+    name: str = ""  # what the output calls the data: the folder's name, or "default (generated)"
+
+    def describe(self) -> str:
+        where = f"{self.folder}, store {self.store}" if self.folder else f"store {self.store}"
+        return f"{self.name}: {self.images:,} images, {self.num_classes} classes ({where})"
 
 
 def _prepare_data_once(data: RecipeData, *, progress: bool) -> PreparedData:
@@ -270,9 +289,10 @@ def prepare_data(data: RecipeData, *, progress: bool = True) -> PreparedData:
     if folder.is_dir():
         convert(folder, store, ConvertOptions(max_side=data.max_side, progress=progress))
     reader = StoreReader(store)
-    classes = len(reader.classes)
+    classes, images = len(reader.classes), len(reader)
     reader.close()  # no handle kept mapped in this process (it would pin pages a cold round evicts)
-    return PreparedData(folder if folder.is_dir() else None, store, classes)
+    name = "default (generated)" if data.folder == "default" else (folder.name if folder.is_dir() else store.name)
+    return PreparedData(folder if folder.is_dir() else None, store, classes, images, name)
 
 
 
@@ -340,7 +360,7 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
     import torch
 
     from fastload.measure.cache import evict, files_under
-    from fastload.measure.rounds import median_and_interval, rotated
+    from fastload.measure.rounds import interleave, median_and_interval
     from fastload.measure.stages import StageData, build_stage, running, skip_reason
     from fastload.measure.timing import summarize_records
     from fastload.measure.train import RunOptions, build_model, gather_results, run_instrumented
@@ -360,23 +380,24 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
         if outcomes[s.name].skipped and on_step:
             for _ in range(r.rounds * (r.warmup + r.steps)):
                 on_step(s.name)
-    for k in range(r.rounds):
-        for position, stage in enumerate(rotated(runnable, k)):
-            outcome = outcomes[stage.name]
-            if cold_files:
-                outcome.evictions.append({"round": k, **evict(cold_files).to_json()})
-            torch.manual_seed(r.seed + k)
-            model = build_model(r.model, num_classes=data.num_classes, step_ms=r.step_ms)
-            built = build_stage(stage.type, stage_data, _stage_options(r, d, stage, device))
-            outcome.workers, outcome.normalises = built.workers, built.normalises
-            opts = RunOptions(channels_last=r.channels_last, name=stage.name, batch_size=r.batch_size)
-            with running(built) as loader:
-                result = run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
-                                          amp=None if r.amp == "none" else r.amp, options=opts,
-                                          on_step=(lambda name=stage.name: on_step(name)) if on_step else None)
-            outcome.rounds.append(result)
-            outcome.round_index.append(k)
-            outcome.position.append(position)
+    def measure(name: str, k: int):
+        stage, outcome = by_name[name], outcomes[name]
+        if cold_files:
+            outcome.evictions.append({"round": k, **evict(cold_files).to_json()})
+        torch.manual_seed(r.seed + k)
+        model = build_model(r.model, num_classes=data.num_classes, step_ms=r.step_ms, host_ms=r.host_ms or 0.0)
+        built = build_stage(stage.type, stage_data, _stage_options(r, d, stage, device))
+        outcome.workers, outcome.normalises = built.workers, built.normalises
+        opts = RunOptions(channels_last=r.channels_last, name=stage.name, batch_size=r.batch_size)
+        with running(built) as loader:
+            return run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
+                                    amp=None if r.amp == "none" else r.amp, options=opts,
+                                    on_step=(lambda: on_step(name)) if on_step else None)
+
+    by_name = {s.name: s for s in runnable}
+    for name, arm in interleave([s.name for s in runnable], r.rounds, measure).items():
+        outcomes[name].rounds, outcomes[name].round_index, outcomes[name].position = arm.values, arm.rounds, \
+            arm.positions
     for stage in stages:
         outcome = outcomes[stage.name]
         if outcome.rounds:

@@ -75,8 +75,8 @@ def results_json(recipe, outcomes, data) -> dict[str, Any]:
                     x["ratio_vs_baseline"] = x["images_per_s"] / base_rounds[x["round"]]
     return {"stages": rows, "reference_stage": base["name"] if base else None, "recipe": recipe.to_json(),
             "contract": CONTRACT,
-            "data": {"folder": str(data.folder) if data.folder else None, "store": str(data.store),
-                     "classes": data.num_classes},
+            "data": {"name": data.name, "folder": str(data.folder) if data.folder else None,
+                     "store": str(data.store), "images": data.images, "classes": data.num_classes},
             "environment": environment(), "verdict": verdict(rows)}
 
 
@@ -191,6 +191,38 @@ def chrome_trace(result, *, pid: int = 1) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def write_tensorboard(outcomes, logdir: Path) -> str | None:
+    """Per-step scalars of every stage that ran, one TensorBoard run per stage under ``logdir``:
+    ``step/data_wait_ms``, ``step/idle_ms`` (the GPU's idle gap on CUDA, else the step's time
+    outside compute), ``step/images_per_s``; steps numbered across rounds in the order they ran.
+
+    Returns a note when TensorBoard is not installed (the ``plot`` extra brings it), else None.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        return "tensorboard/ skipped: tensorboard is not installed (pip install 'fastload[plot]')"
+    from torch.utils.tensorboard import SummaryWriter
+
+    for o in outcomes:
+        if o.result is None:
+            continue
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in o.stage.name)
+        writer = SummaryWriter(str(logdir / safe))
+        try:
+            step = 0
+            for res in o.rounds:
+                for rec in res.records:
+                    idle = rec.gpu_idle if rec.gpu_idle is not None else rec.total - rec.compute
+                    writer.add_scalar("step/data_wait_ms", rec.data_wait * 1e3, step)
+                    writer.add_scalar("step/idle_ms", idle * 1e3, step)
+                    writer.add_scalar("step/images_per_s", rec.images / rec.total if rec.total > 0 else 0.0, step)
+                    step += 1
+        finally:
+            writer.close()
+    return None
+
+
 def _plot(rows: list[dict], path: Path) -> str | None:
     try:
         import matplotlib
@@ -224,6 +256,31 @@ def _plot(rows: list[dict], path: Path) -> str | None:
     return None
 
 
+def check_out(out: Path, *, force: bool) -> None:
+    """Refuse to write over the results of an earlier run in ``out`` unless ``force``.
+
+    Raises:
+        RecipeError: ``out`` already holds a results.json.
+    """
+    from fastload.errors import RecipeError
+
+    if (out / "results.json").exists() and not force:
+        raise RecipeError(f"{out} already holds the results of an earlier run (results.json).\n"
+                          "HINT: pass --force to overwrite them, or another --out folder.")
+
+
+def new_run_folder(runs: Path, recipe_name: str, data_name: str) -> Path:
+    """``runs/<recipe>-<data>``, or the first of ``-2``, ``-3``, ... that holds no results yet:
+    a run never overwrites the last one's folder."""
+    data = "".join(c if c.isalnum() or c in "-_." else "_" for c in data_name.split(" (")[0]) or "data"
+    base = runs / f"{recipe_name}-{data}"
+    out, k = base, 1
+    while (out / "results.json").exists():
+        k += 1
+        out = base.with_name(f"{base.name}-{k}")
+    return out
+
+
 def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], list[str]]:
     """Write results.json, results.csv, comparison.png and traces/<stage>.json; return the results and notes."""
     out.mkdir(parents=True, exist_ok=True)
@@ -239,9 +296,9 @@ def write_outputs(out: Path, recipe, outcomes, data) -> tuple[dict[str, Any], li
             ci = row.get("images_per_s_ci95") or [None, None]
             w.writerow({**row, "ci95_low": ci[0], "ci95_high": ci[1]})
     notes = []
-    note = _plot(results["stages"], out / "comparison.png")
-    if note:
-        notes.append(note)
+    for note in (_plot(results["stages"], out / "comparison.png"), write_tensorboard(outcomes, out / "tensorboard")):
+        if note:
+            notes.append(note)
     (out / "traces").mkdir(exist_ok=True)
     for pid, o in enumerate(outcomes, 1):
         if o.result is not None:

@@ -15,20 +15,29 @@ trust, and the order stages run in each round. No I/O, no torch.
 * Round ``k`` runs the stages rotated by ``k`` places, so no stage always follows the
   same neighbour (a stage's left-over workers or page cache would otherwise always bill
   the same next stage).
+* ``interleave`` is the one loop every comparison runs (recipes, ``bench loader``,
+  ``bench decode``, ``bench encode``, the ``--max-side`` advice, the profiler-overhead
+  bench, ``bench serve``): every arm once per round in the rotated order, each value kept
+  with its round and position; ``Arm`` gives the median, the min..max spread and the
+  per-round ratios to a baseline arm measured in the same round.
 
 Must not: run stages (``recipe.py``) or format tables (``report.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TypeVar
+import statistics
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
-__all__ = ["round_rate", "median_and_interval", "overlap", "rotated", "BOOTSTRAP_RESAMPLES"]
+__all__ = ["round_rate", "median_and_interval", "overlap", "rotated", "BOOTSTRAP_RESAMPLES", "Arm", "interleave"]
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -82,3 +91,46 @@ def rotated(items: Sequence[T], k: int) -> list[T]:
         return []
     k %= len(items)
     return list(items[k:]) + list(items[:k])
+
+
+@dataclass
+class Arm(Generic[V]):
+    """One arm's values over the rounds: ``values[i]`` was measured in round ``rounds[i]``, at
+    ``positions[i]`` in that round's order (0 = first)."""
+
+    values: list[V] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+
+    def median(self) -> float:
+        return float(statistics.median(self.values))  # type: ignore[type-var]
+
+    def spread(self) -> tuple[float, float]:
+        """The lowest and highest round."""
+        return float(min(self.values)), float(max(self.values))  # type: ignore[type-var]
+
+    def ratios_to(self, base: Arm) -> list[float]:
+        """Per round this arm ran in and ``base`` did too: this arm's value / the base's, in round order."""
+        by_round = dict(zip(base.rounds, base.values))
+        return [v / by_round[k] for k, v in zip(self.rounds, self.values) if k in by_round]
+
+
+def interleave(arms: Sequence[K], rounds: int, measure: Callable[[K, int], V | None]) -> dict[K, Arm[V]]:
+    """Measure every arm once per round, round ``k`` in the order rotated by ``k`` places.
+
+    ``measure(arm, k)`` returns the arm's value in round ``k``, or None for no value (an arm
+    that cannot run, or was skipped: it keeps its place in the order, no value is recorded).
+    Exceptions propagate.
+
+    Returns:
+        Per arm (in ``arms``' order), its values with their rounds and positions.
+    """
+    out: dict[K, Arm[V]] = {a: Arm() for a in arms}
+    for k in range(rounds):
+        for position, arm in enumerate(rotated(arms, k)):
+            value = measure(arm, k)
+            if value is not None:
+                out[arm].values.append(value)
+                out[arm].rounds.append(k)
+                out[arm].positions.append(position)
+    return out

@@ -4,11 +4,17 @@ Owns: the measured loop (next batch → to device → forward, loss, backward, o
 step), the simulated device step for machines without a GPU, model construction by
 torchvision name, and gathering per-rank results under ``torch.distributed``. No printing.
 
-The simulated step (``SimulatedStep(step_ms)``) sleeps for the time a GPU would take for
-one batch. Sleeping releases the CPU exactly as an asynchronous GPU does (the host only
-launches kernels, then waits), so on a CPU-only machine the loaders compete for the CPUs
-the way they would beside a real GPU, and the result answers "would this pipeline keep a
-GPU busy at N images/s?". The simulated device leaves no input work undone: every batch
+The simulated step (``SimulatedStep(step_ms, host_ms=...)``) behaves like a GPU step seen
+from the host: first ``host_ms`` of Python work that holds the GIL and a core (launching a
+real model's kernels does: module calls, argument parsing, dispatch), then a sleep for the
+rest of the device time (``step_ms - host_ms``; the GPU runs the kernels while the host
+launches them, so a step takes ``max(step_ms, host_ms)``). Sleeping releases the CPU as an
+asynchronous GPU does, so on a CPU-only machine the loaders compete for the CPUs, and for
+the GIL, the way they would beside a real GPU, and the result answers "would this
+pipeline keep a GPU busy at N images/s?". ``DEFAULT_HOST_MS`` is the measured default
+(``tools/launch_cost.py`` prints the measurement and its assumptions).
+
+The simulated device leaves no input work undone: every batch
 goes through ``prepare_batch`` inside the timed loop on every device, so a loader that
 hands out ``uint8`` is normalised on the host, in the measured copy time, when the device
 is the CPU (recipe stages hand the step batches already normalised: ``stages.py``).
@@ -29,18 +35,75 @@ from fastload.errors import RecipeError
 from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
 
-__all__ = ["init_distributed", "SimulatedStep", "RunOptions", "build_model", "run_instrumented", "gather_results"]
+__all__ = ["init_distributed", "SimulatedStep", "DEFAULT_HOST_MS", "hold_gil", "RunOptions", "build_model",
+           "run_instrumented", "gather_results"]
+
+
+#: Host-side ms per training step of ResNet-50 (bf16 autocast, foreach SGD): aten ops per step
+#: x the CPU time of dispatching one op from Python, measured by ``tools/launch_cost.py``
+#: (4,242 ops x 1.4-2.4 us = 5.8, 7.4, 8.8, 10.2 ms in four runs on the 2-core development
+#: machine while shared, median ~8; CUDA's own per-kernel launch cost is not included, so
+#: this is a lower bound of the real host time).
+DEFAULT_HOST_MS = 8.0
+
+_SPIN_RATE: list[float] = []  # iterations of the GIL-holding spin per CPU second, calibrated once
+
+
+def _spin_rate() -> float:
+    if not _SPIN_RATE:
+        n, best = 200_000, float("inf")
+        for _ in range(5):
+            t0 = time.thread_time()
+            sum(range(n))
+            best = min(best, time.thread_time() - t0)
+        _SPIN_RATE.append(n / max(best, 1e-9))
+    return _SPIN_RATE[0]
+
+
+def hold_gil(seconds: float) -> float:
+    """Spend about ``seconds`` of this thread's CPU time without letting go of the GIL; the wall
+    seconds it took.
+
+    ``sum(range(n))`` is one C call: the interpreter's loop does not run inside it, so no
+    other Python thread is offered the GIL until it returns (Python's switch interval is
+    only honoured between bytecodes). ``n`` comes from a one-off calibration of this
+    thread's CPU time, so ``seconds`` is CPU time, as a launch cost is: on a machine whose
+    cores are shared the hold lasts longer in wall time, as launching kernels would.
+    """
+    n = int(seconds * _spin_rate())
+    t0 = time.perf_counter()
+    if n > 0:
+        sum(range(n))
+    return time.perf_counter() - t0
 
 
 @dataclass(frozen=True)
 class SimulatedStep:
-    """A stand-in for a GPU step: ``step_ms`` of device time per batch, no CPU used."""
+    """A stand-in for a GPU step: ``host_ms`` of host work holding the GIL and a core (the
+    kernel launches), then a sleep for the rest of the ``step_ms`` of device time.
+
+    ``host_ms=0`` is a device that costs the host nothing (a pure sleep).
+    """
 
     step_ms: float
+    host_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.step_ms < 0:
             raise ValueError(f"step_ms must be >= 0, got {self.step_ms}")
+        if self.host_ms < 0:
+            raise ValueError(f"host_ms must be >= 0, got {self.host_ms}")
+        if self.host_ms > 0:
+            _spin_rate()  # calibrate now, not inside the first timed step
+
+    def run(self) -> tuple[float, float]:
+        """One step: hold the GIL for ``host_ms``, sleep the rest; (seconds held, seconds slept)."""
+        held = hold_gil(self.host_ms / 1e3) if self.host_ms > 0 else 0.0
+        rest = self.step_ms / 1e3 - held
+        t0 = time.perf_counter()
+        if rest > 0:
+            time.sleep(rest)
+        return held, time.perf_counter() - t0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +132,10 @@ class RunOptions:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
 
 
-def build_model(name: str, *, num_classes: int, step_ms: float | None = None) -> torch.nn.Module | SimulatedStep:
-    """``"simulated"`` (needs ``step_ms``) or any ``torchvision.models`` name, randomly initialised.
+def build_model(name: str, *, num_classes: int, step_ms: float | None = None,
+                host_ms: float = 0.0) -> torch.nn.Module | SimulatedStep:
+    """``"simulated"`` (needs ``step_ms``; ``host_ms`` of GIL-holding launch work per step) or any
+    ``torchvision.models`` name, randomly initialised.
 
     Raises:
         RecipeError: an unknown model name (the message lists the valid ones).
@@ -78,7 +143,7 @@ def build_model(name: str, *, num_classes: int, step_ms: float | None = None) ->
     if name == "simulated":
         if step_ms is None:
             raise RecipeError("model = 'simulated' needs step_ms (the device time per batch, in ms).")
-        return SimulatedStep(step_ms)
+        return SimulatedStep(step_ms, host_ms)
     import torchvision
 
     names = torchvision.models.list_models(module=torchvision.models)
@@ -149,7 +214,7 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
             seen_batch_size = seen_batch_size or len(labels)
             timer.copied()
             if simulated:
-                time.sleep(model.step_ms / 1e3)
+                model.run()
             else:
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     loss = loss_fn(model(images), labels)
@@ -168,7 +233,7 @@ def run_instrumented(model: torch.nn.Module | SimulatedStep, loader: Iterable, *
                              nvml=sampler.result() if isinstance(sampler, NvmlSampler) else None)
     result.extra.update({"model": "simulated" if simulated else type(model).__name__, "amp": amp or "none",
                          "channels_last": channels_last,
-                         **({"step_ms": model.step_ms} if simulated else {}), **o.extra})
+                         **({"step_ms": model.step_ms, "host_ms": model.host_ms} if simulated else {}), **o.extra})
     return result
 
 

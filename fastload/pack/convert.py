@@ -1,7 +1,8 @@
 """``convert(source, dst, options) -> ConvertReport``: pack a dataset into an LMDB store.
 
 Owns: the conversion run. Worker processes (``_pool.imap_isolated``) read, validate and,
-when needed, canonicalise or re-encode each file (``image.policy.prepare``); this process
+when needed, canonicalise or re-encode each file (``pack.work.prepare_item``: typed
+``PrepareOptions`` in, ``Prepared | Rejected`` out, around ``image.policy.prepare``); this process
 commits them in order through ``store.writer.StoreWriter``, in chunked transactions, each
 carrying a chunk record of what it consumed. A rerun finds the committed chunks and
 continues after them, so SIGKILL at any moment and a rerun give the same records as one
@@ -26,13 +27,14 @@ from fastload.errors import ConvertError
 from fastload.image.policy import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ENCODING_CHOICES
 from fastload._pool import imap_isolated
 from fastload.pack.sources import Source, open_source
+from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt
 from fastload.store.writer import StoreWriter
 
 __all__ = ["ConvertOptions", "ConvertReport", "convert", "REPORT_NAME"]
 
 REPORT_NAME = "report.json"
-_HANDLER = "fastload.image.policy:prepare_file"  # what workers run per file ("module:function")
+_HANDLER = "fastload.pack.work:prepare_item"  # what workers run per file ("module:function")
 _CHUNK_BYTES = 64 << 20
 
 
@@ -138,6 +140,12 @@ class ConvertReport:
     resumed_from: int = 0
     already_complete: bool = False
     warnings: list[str] = field(default_factory=list)
+    #: files stored after a repair Pillow needs (docs/jpeg-damage.md): ``{"relpath", "what"}``, this run's
+    salvaged: list[dict[str, str]] = field(default_factory=list)
+    #: decoder (Pillow) warnings per file, this run's: ``{"relpath", "warnings": [...]}``
+    decoder_warnings: list[dict[str, Any]] = field(default_factory=list)
+    #: classes with no stored sample (no files, or every file skipped); they keep their label
+    empty_classes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -153,6 +161,12 @@ class ConvertReport:
                  f"canonicalised {sum(self.canonicalised.values())}"]
         if self.reencoded:
             parts.append(f"re-encoded {self.reencoded}")
+        if self.salvaged:
+            parts.append(f"salvaged {len(self.salvaged)} (named in report.json)")
+        if self.decoder_warnings:
+            parts.append(f"decoder warnings on {len(self.decoder_warnings)} files (in report.json)")
+        if self.empty_classes:
+            parts.append(f"{len(self.empty_classes)} EMPTY classes")
         if self.resumed_from:
             parts.append(f"resumed after {self.resumed_from}")
         parts.append(f"{self.bytes_stored / 1e6:.1f} MB in {self.seconds:.1f}s ({self.images_per_s:.0f} img/s)")
@@ -280,12 +294,48 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
         else:
             writer.start(build)
         _run(writer, src, order, options, chunks, report)
+        _empty_classes(report, src, chunks, sharded=options.num_shards > 1)
         header = writer.finalize(build, chunks, classes=src.classes,
                                  source=dict(build["source"], count=len(src), fingerprint=src.fingerprint()))
     _fill(report, header)
     report.seconds = time.perf_counter() - t0
     _write_report(path, report)
     return report
+
+
+#: files named one by one in ``report.warnings`` (the CLI prints those); the rest are in report.json
+_NAMED = 20
+
+
+def _empty_classes(report: ConvertReport, src: Source, chunks: list[fmt.ChunkRecord], *, sharded: bool) -> None:
+    """Classes left without a sample: warned about loudly and recorded (ImageFolder refuses them).
+    One shard of several lacking a class is normal: there only classes without any file count."""
+    listed = {label for _, label in src.items}
+    have = listed if sharded else {label for c in chunks for label in c.labels}
+    empty = [(i, name) for i, name in enumerate(src.classes) if i not in have]
+    report.empty_classes = [name for _, name in empty]
+    if not empty:
+        return
+    named = ", ".join(f"{name!r} (label {i}: " + ("no image files)" if i not in listed else "every file skipped)")
+                      for i, name in empty[:_NAMED])
+    more = f" and {len(empty) - _NAMED} more" if len(empty) > _NAMED else ""
+    report.warnings.append(
+        f"{len(empty)} of {len(src.classes)} classes are EMPTY in the store: {named}{more}. They keep their "
+        "labels, with 0 samples; torchvision's ImageFolder refuses an empty class (allow_empty=False).\nHINT: "
+        "remove those classes or fix their files, or keep them on purpose (labels then match "
+        "ImageFolder(allow_empty=True)).")
+
+
+def _note(report: ConvertReport, rel: str, value: Prepared | Rejected) -> None:
+    """Record what a worker said about one file besides the verdict: a repair (named in the
+    warnings too) and the decoders' warnings."""
+    salvaged = getattr(value, "salvaged", None)
+    if salvaged:
+        report.salvaged.append({"relpath": rel, "what": salvaged})
+        if len(report.salvaged) <= _NAMED:
+            report.warnings.append(f"{rel}: salvaged: {salvaged}")
+    if value.warnings:
+        report.decoder_warnings.append({"relpath": rel, "warnings": list(value.warnings)})
 
 
 def _fill(report: ConvertReport, header: dict[str, Any]) -> None:
@@ -299,11 +349,9 @@ def _fill(report: ConvertReport, header: dict[str, Any]) -> None:
     report.bytes_stored = header["bytes"]
 
 
-def validator_options(options: ConvertOptions, src: Source) -> dict[str, Any]:
-    """What every worker's ``prepare_file`` gets besides the path (``bench convert`` times the same call)."""
-    return {"max_pixels": options.max_pixels, "max_side": options.max_side, "quality": options.quality,
-            "encoding": options.encoding, "lossless": options.lossless, "max_file_bytes": options.max_file_bytes,
-            "inside": None if options.follow_symlinks else os.path.realpath(src.root)}
+def validator_options(options: ConvertOptions, src: Source) -> PrepareOptions:
+    """What every worker's ``prepare_item`` gets besides the path (``bench convert`` times the same call)."""
+    return PrepareOptions.from_convert(options, src)
 
 
 def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOptions,
@@ -341,13 +389,15 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
         for j, ok, value in imap_isolated(_HANDLER, init, payloads, workers):
             rel, label = src.items[todo[j]]
             chunk.consumed += 1
-            if ok and value[0] == "ok":
-                _, data, encoding, stored_as, reason, fidelity = value
+            if ok and isinstance(value, Prepared | Rejected):
+                _note(report, rel, value)
+            if ok and isinstance(value, Prepared):
+                data = value.data
                 puts.append((fmt.sample_key(stored + chunk.stored), data))
-                chunk.add(label=label, crc32=zlib.crc32(data), encoding=encoding, stored_as=stored_as,
-                          reason=reason, path=rel, nbytes=len(data), psnr=fidelity)
+                chunk.add(label=label, crc32=zlib.crc32(data), encoding=value.encoding, stored_as=value.stored_as,
+                          reason=value.reason, path=rel, nbytes=len(data), psnr=value.psnr)
             else:
-                reason = value[1] if ok else value
+                reason = value.reason if isinstance(value, Rejected) else value
                 chunk.skipped.append({"relpath": rel, "reason": reason})
                 bar.set_postfix(skipped=sum(len(c.skipped) for c in chunks) + len(chunk.skipped))
                 if options.strict:
@@ -365,3 +415,6 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
         flush()
     finally:
         bar.close()
+    if len(report.salvaged) > _NAMED:
+        report.warnings.append(f"... and {len(report.salvaged) - _NAMED} more salvaged files, named in "
+                               f"{path / REPORT_NAME}")

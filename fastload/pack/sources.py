@@ -25,9 +25,11 @@ when their labels differ.
 
 Hostile trees: names that are not valid UTF-8 are kept as Python keeps them
 (``surrogateescape``: the original bytes round-trip); directory links that loop back are
-walked once; a destination folder inside the tree is left out of the scan.
+walked once; a destination folder inside the tree is left out of the scan; trees of any
+depth are walked without recursion. An image file given as the source is refused with a
+message saying what a source is.
 
-Must not: open or decode images.
+Must not: decode images (a file given as SRC is only sniffed, to tell an image from a list).
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ class Source:
     def abspath(self, relpath: str) -> str:
         return os.path.join(self.root, relpath)
 
+    def sizes(self) -> list[int]:
+        """Each item's file size in bytes (0 when it cannot be read), in item order."""
+        out = []
+        for rel, _ in self.items:
+            try:
+                out.append(os.stat(self.abspath(rel)).st_size)
+            except OSError:
+                out.append(0)
+        return out
+
     def fingerprint(self, indices: list[int] | None = None) -> str:
         """sha256 over the kind, classes and the given items' (default: all) path, label, size, mtime."""
         h = hashlib.sha256()
@@ -99,6 +111,42 @@ def _inside(path: Path, outer: Path) -> bool:
     return path == outer or outer in path.parents
 
 
+def _walk(top: str, skip: tuple[Path, ...]) -> list[tuple[str, list[str]]]:
+    """``(dirpath, file names)`` of every folder under ``top``, as ``os.walk(top, followlinks=True)``
+    lists them, but with a stack instead of recursion: a tree thousands of levels deep is walked,
+    not a ``RecursionError``. Each real folder is listed once (link loops), and folders inside
+    ``skip`` not at all; folders that cannot be listed are passed over, as ``os.walk`` does."""
+    out: list[tuple[str, list[str]]] = []
+    seen: set[str] = set()
+    outside = [str(s) for s in skip]
+    stack = [(top, os.path.realpath(top))]  # (path, real path): a plain folder's real path is its parent's + name
+    while stack:
+        dirpath, real = stack.pop()
+        if real in seen or any(real == s or real.startswith(s.rstrip(os.sep) + os.sep) for s in outside):
+            continue  # a link loop, or the destination store: do not descend
+        seen.add(real)
+        dirs, files = [], []
+        try:
+            with os.scandir(dirpath) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir()  # follows links, as followlinks=True does
+                        link = is_dir and entry.is_symlink()
+                    except OSError:
+                        is_dir = link = False
+                    if is_dir:
+                        dirs.append((entry.name, link))
+                    else:
+                        files.append(entry.name)
+        except OSError:
+            continue
+        out.append((dirpath, files))
+        for name, link in reversed(dirs):
+            path = os.path.join(dirpath, name)
+            stack.append((path, os.path.realpath(path) if link else os.path.join(real, name)))
+    return out
+
+
 def image_folder(root: str | os.PathLike[str], *, exclude: tuple[Path, ...] = ()) -> Source:
     """List an ImageFolder tree in torchvision's order (``exclude``: folders left out, e.g. DST)."""
     root = Path(root).resolve()
@@ -112,16 +160,7 @@ def image_folder(root: str | os.PathLike[str], *, exclude: tuple[Path, ...] = ()
         )
     items: list[tuple[str, int]] = []
     for label, name in enumerate(classes):
-        seen: set[str] = set()
-        walk = []
-        for dirpath, dirnames, fnames in os.walk(root / name, followlinks=True):
-            real = os.path.realpath(dirpath)
-            if real in seen or any(_inside(Path(real), s) for s in skip):
-                dirnames[:] = []  # a link loop, or the destination store: do not descend
-                continue
-            seen.add(real)
-            walk.append((dirpath, fnames))
-        for dirpath, fnames in sorted(walk):
+        for dirpath, fnames in sorted(_walk(str(root / name), skip)):
             for fname in sorted(fnames):
                 if _is_image_name(fname):
                     items.append((os.path.relpath(os.path.join(dirpath, fname), root), label))
@@ -253,4 +292,106 @@ def open_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
         raise SourceError(f"{p} does not exist.")
     if p.is_dir():
         return image_folder(p, exclude=exclude)
+    kind = _image_kind(p)
+    if kind is not None:
+        raise SourceError(
+            f"{p} is an image ({kind}), not a source: SRC must be a folder (an ImageFolder tree, "
+            "ROOT/<class>/<image>) or a file list (CSV/TSV lines of path,label).\nHINT: pass the folder that "
+            "holds the class folders, or write a file list naming the images."
+        )
     return file_list(p, num_classes=num_classes)
+
+
+def _image_kind(path: Path) -> str | None:
+    """The image format of ``path``, or None: its magic bytes say an image and it is binary (a NUL
+    byte, or not UTF-8, in its first 4 KB), so a list whose first path starts "BM" stays a list."""
+    from fastload.image.formats import sniff
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    kind = sniff(head)
+    if kind is None:
+        return None
+    try:
+        head.decode("utf-8")
+        binary = b"\0" in head
+    except UnicodeDecodeError as exc:
+        binary = exc.start < len(head) - 4  # not just a character cut at the 4 KB boundary
+    return kind.upper() if binary else None
+
+
+@dataclass(frozen=True)
+class RemoteSource(Source):
+    """A source in object storage: ``root`` is the URL prefix, sizes come from the listing."""
+
+    object_sizes: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def abspath(self, relpath: str) -> str:
+        return f"{str(self.root).rstrip('/')}/{relpath}"
+
+    def sizes(self) -> list[int]:
+        return [self.object_sizes.get(rel, 0) for rel, _ in self.items]
+
+    def fingerprint(self, indices: list[int] | None = None) -> str:
+        """sha256 over the kind, classes and the given items' (default: all) key, label and size."""
+        h = hashlib.sha256()
+        h.update(self.kind.encode())
+        h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
+        for i in range(len(self.items)) if indices is None else indices:
+            rel, label = self.items[i]
+            h.update(f"\n{rel}\0{label}\0{self.object_sizes.get(rel, -1)}".encode("utf-8", "surrogateescape"))
+        return h.hexdigest()
+
+
+def remote_source(url: str, *, num_classes: int | None = None) -> RemoteSource:
+    """An ImageFolder layout under an object-store prefix (``s3://bucket/prefix/<class>/<image>``),
+    or a file list object (``.csv``/``.tsv``) whose paths are keys relative to the list's prefix."""
+    import tempfile
+
+    from fastload.store import remote
+
+    url = url.rstrip("/")
+    if url.lower().endswith((".csv", ".tsv", ".txt")):
+        base = url.rsplit("/", 1)[0]
+        with tempfile.TemporaryDirectory(prefix="fastload-list-") as tmp:
+            local = Path(tmp) / url.rsplit("/", 1)[1]
+            remote.download_file(url, local)
+            listed = file_list(local, num_classes=num_classes)
+        rels = [rel for rel, _ in listed.items]
+        sizes = dict(remote.list_prefix(base))
+        object_sizes = {rel: sizes.get(f"{base}/{rel}", -1) for rel in rels}
+        return RemoteSource("filelist", url, base, listed.classes, listed.items,  # type: ignore[arg-type]
+                            list(listed.warnings), object_sizes)
+    objects = remote.list_prefix(url)
+    if not objects:
+        raise SourceError(f"{url}: no objects under this prefix.\nHINT: an ImageFolder layout is "
+                          "PREFIX/<class>/<image>; check the bucket and prefix.")
+    rel_sizes = {u[len(url) + 1:]: size for u, size in objects}
+    by_class: dict[str, list[str]] = {}
+    for rel in rel_sizes:
+        if "/" in rel and _is_image_name(rel):
+            by_class.setdefault(rel.split("/", 1)[0], []).append(rel)
+    classes = sorted(by_class)
+    if not classes:
+        raise SourceError(f"{url}: no image files ({', '.join(IMG_EXTENSIONS)}) in any class folder.\nHINT: an "
+                          "ImageFolder layout is PREFIX/<class>/<image>.")
+    items = [(rel, label) for label, name in enumerate(classes) for rel in sorted(by_class[name])]
+    return RemoteSource("imagefolder", url, url, classes, items, [],  # type: ignore[arg-type]
+                        {rel: rel_sizes[rel] for rel, _ in items})
+
+
+def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
+                    num_classes: int | None = None) -> Source:
+    """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs, and
+    ``pack.containers.container_source`` for WebDataset tar shards and Parquet files (local or remote)."""
+    from fastload.pack.containers import container_source, is_container_source
+    from fastload.store.remote import is_remote
+
+    if is_container_source(str(path)):
+        return container_source(path)
+    if is_remote(str(path)):
+        return remote_source(str(path), num_classes=num_classes)
+    return open_source(path, exclude=exclude, num_classes=num_classes)

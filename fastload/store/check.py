@@ -30,7 +30,8 @@ import numpy as np
 from fastload.errors import IncompleteStoreError
 from fastload.store.reader import StoreReader, load_store_metas
 
-__all__ = ["inspect_store", "verify_store", "VerifyReport", "report_json", "DECODERS", "DISAGREE_BOUND"]
+__all__ = ["inspect_store", "verify_store", "VerifyReport", "report_json", "DECODERS", "DISAGREE_BOUND",
+           "verify_remote_shards"]
 
 DECODERS = ("fastload", "pil", "torchvision", "simplejpeg", "dali")
 DISAGREE_BOUND = {"fastload": 0.0, "pil": 0.0, "torchvision": 0.0, "simplejpeg": 0.0, "dali": 0.5}
@@ -269,3 +270,55 @@ def report_json(report: VerifyReport) -> str:
                        "failing_by_decoder": report.by_decoder(),
                        "failures": [{"index": i, "relpath": r, "reason": why} for i, r, why in report.failures]},
                       indent=1)
+
+
+def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[tuple[str, str]]]:
+    """Check every shard object of a sharded store in object storage against its manifest.
+
+    Each ``shard-*/data.mdb`` object must exist, have the manifest's size and sha256. Records
+    and decoders are checked by ``verify_store`` once the store is read through the node cache.
+
+    Returns:
+        ``(shards checked, [(shard object URL, what is wrong)])``.
+
+    Raises:
+        IncompleteStoreError: no ``manifest.json`` (the conversion did not finish).
+        ManifestError: the manifest is invalid.
+        RemoteStoreError: the bucket cannot be read (names the URL).
+    """
+    import hashlib
+    import tempfile
+
+    from tqdm import tqdm
+
+    from fastload.store import remote
+    from fastload.store.manifest import MANIFEST_NAME, SHARD_FILE, Manifest
+
+    base = remote.RemoteLocation.parse(url)
+    murl = base.child(MANIFEST_NAME)
+    if remote.head(murl) is None:
+        raise IncompleteStoreError(f"{murl}: no manifest: the conversion into {base} has not finished.\nHINT: rerun "
+                                   "the same `fastload convert` command: it redoes only the missing shards.")
+    manifest = Manifest.from_json(remote.get_bytes(murl), where=str(murl))
+    problems: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="fastload-verify-") as tmp:
+        for entry in tqdm(manifest.shards, unit="shard", desc=f"verify {base}", disable=not progress):
+            obj = base.child(f"{entry.name}/{SHARD_FILE}")
+            size = remote.head(obj)
+            if size is None:
+                problems.append((str(obj), "missing: the shard object was deleted"))
+                continue
+            if size != entry.bytes:
+                problems.append((str(obj), f"{size} bytes, the manifest says {entry.bytes}"))
+                continue
+            local = Path(tmp) / "shard.mdb"
+            remote.download_file(obj, local)
+            h = hashlib.sha256()
+            with open(local, "rb") as f:
+                for block in iter(lambda: f.read(8 << 20), b""):
+                    h.update(block)
+            local.unlink()
+            if h.hexdigest() != entry.sha256:
+                problems.append((str(obj), f"sha256 {h.hexdigest()[:16]}... differs from the manifest's "
+                                           f"{entry.sha256[:16]}... (the object is corrupted)"))
+    return len(manifest.shards), problems

@@ -19,6 +19,7 @@ Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import threading
@@ -29,8 +30,8 @@ from typing import Any
 
 from fastload.errors import MissingDependencyError, RemoteStoreError
 
-__all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "put_bytes", "upload_file", "download_file",
-           "head", "list_prefix", "delete", "RETRY"]
+__all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader", "put_bytes",
+           "upload_file", "download_file", "head", "list_prefix", "delete", "RETRY"]
 
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
@@ -150,6 +151,66 @@ def get_bytes(url: str | RemoteLocation) -> bytes:
         raise
     except Exception as exc:
         raise _error(loc, "reading", exc) from None
+
+
+def get_range(url: str | RemoteLocation, start: int, length: int) -> bytes:
+    """``length`` bytes of the object at ``url`` from offset ``start`` (one ranged GET)."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        return bytes(obstore.get_range(_store(loc), loc.prefix, start=start, length=length))
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, f"reading bytes {start}..{start + length}", exc) from None
+
+
+def open_reader(url: str | RemoteLocation):
+    """A seekable, read-only file object over the object at ``url`` (ranged GETs, buffered)."""
+    import obstore
+
+    loc = RemoteLocation.parse(url)
+    try:
+        return _Reader(obstore.open_reader(_store(loc), loc.prefix, buffer_size=4 << 20))
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, "opening", exc) from None
+
+
+class _Reader(io.RawIOBase):
+    """obstore's ``ReadableFile`` as a standard binary file (``read`` returns ``bytes``, as tarfile and
+    pyarrow expect)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self._inner.read() if size is None or size < 0 else self._inner.read(size))
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._inner.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._inner.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._inner.close()
+        super().close()
 
 
 def put_bytes(url: str | RemoteLocation, data: bytes) -> None:

@@ -101,6 +101,48 @@ def _take_lock(path: Path) -> int:
     return fd
 
 
+def lock_holder(path: Path) -> str | None:
+    """Who is writing the store at ``path`` now ("pid N on HOST, since ..."), or None when no
+    live conversion holds its writer lock.
+
+    Read without taking the lock (a reader must never make a writer starting at that moment
+    fail): on Linux ``/proc/locks`` lists every held ``flock`` with its inode; elsewhere the
+    pid the lock file names is looked up when it names this host.
+    """
+    import re
+    import socket
+
+    lock = Path(path) / LOCK_NAME
+    try:
+        ino = os.stat(lock).st_ino
+        owner = lock.read_text("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not owner:
+        return None  # emptied when its writer closed cleanly
+    try:
+        held = Path("/proc/locks").read_text()
+    except OSError:
+        held = None
+    if held is not None:  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:56789 0 EOF" (waiters have "->")
+        for line in held.splitlines():
+            f = line.split()
+            # FLOCK, or POSIX where a file system (NFS) emulates flock with fcntl locks
+            if len(f) >= 6 and f[1] in ("FLOCK", "POSIX") and f[3] == "WRITE" and f[5].rsplit(":", 1)[-1] == str(ino):
+                return owner
+        return None
+    m = re.match(r"pid (\d+) on (\S+),", owner)
+    if m is None or m.group(2) != socket.gethostname():
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return owner
+
+
 @dataclass
 class ResumeState:
     """What a store directory already holds: the finished header, the build record, the chunks."""
@@ -116,13 +158,16 @@ class StoreWriter:
     Args:
         path: the store directory (created if missing).
         map_size: the first LMDB map size in bytes; it doubles whenever it is full.
+        meminit: zero new pages before use (LMDB's ``MDB_NOMEMINIT`` off). Sharded conversion
+            needs it: without it, unused parts of pages hold whatever memory held, and two runs
+            of the same shard differ in those bytes.
 
     Raises:
         ConvertError: ``path`` is a file, a folder that is not a store, or cannot be opened
             for writing (the message says why and what to do).
     """
 
-    def __init__(self, path: Path, *, map_size: int) -> None:
+    def __init__(self, path: Path, *, map_size: int, meminit: bool = False) -> None:
         import lmdb
 
         self.path = path
@@ -144,7 +189,7 @@ class StoreWriter:
         self._lock_fd = _take_lock(path)
         try:
             self.env = lmdb.open(str(path), map_size=map_size, subdir=True, readonly=False, lock=True,
-                                 sync=True, metasync=True, meminit=False, max_dbs=0)
+                                 sync=True, metasync=True, meminit=meminit, max_dbs=0)
         except (OSError, lmdb.Error) as exc:
             self._unlock()
             raise ConvertError(f"cannot open {path} for writing: {exc}\n{io_hint(exc, path)}") from exc

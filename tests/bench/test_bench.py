@@ -66,10 +66,10 @@ def test_bench_loader_rotates_order_and_times_each_path_alone(tiny_tree, monkeyp
     seen = []
     real = bl._time
 
-    def spy(loader, warmup, batches):
+    def spy(loader, warmup, batches, step=None):
         # the previous path's worker processes are gone before this one is timed
         seen.append((type(getattr(loader, "loader", loader)).__module__, len(multiprocessing.active_children())))
-        return real(loader, warmup, batches)
+        return real(loader, warmup, batches, step)
 
     monkeypatch.setattr(bl, "_time", spy)
     paths = ("torchvision", "fastload", "webdataset") if importlib.util.find_spec("webdataset") else \
@@ -164,6 +164,19 @@ def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_
     by = {r.name: r for r in bl.bench_loader(tiny_tree, options=opts, progress=False).results}
     assert by["fastload (threads)"].skipped is None and by["fastload (threads)"].images_per_s > 0
     assert by["fastload"].images_per_s > 0
+
+
+def test_bench_loader_runs_a_simulated_training_step_after_every_batch(tiny_tree, tmp_path):
+    # batch 4, a 50 ms step (20 ms of it holding the GIL) after each batch: at most 4 / 0.05 = 80 images/s
+    r = CliRunner().invoke(main, ["bench", "loader", str(tiny_tree), *TINY, "--rounds", "1", "--path", "fastload",
+                                  "--path", "fastload-threads", "--step-ms", "50", "--host-ms", "20",
+                                  "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    assert "a simulated step of 50 ms after each batch, 20 ms of it host CPU holding the GIL" in r.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert data["options"]["step_ms"] == 50 and data["options"]["host_ms"] == 20
+    for p in data["paths"]:
+        assert 0 < p["images_per_s"] <= 80 * 1.02, p
 
 
 def _coded_tree(root):
@@ -262,3 +275,15 @@ def test_spdl_path_names_the_file_it_cannot_decode(tmp_path):
                 pass
     finally:
         built.loader.loader.close()
+
+
+def test_bench_convert_engines_reports_each_engine(tiny_tree, tmp_path):
+    out = tmp_path / "engines.json"
+    r = CliRunner().invoke(main, ["bench", "convert", str(tiny_tree), "--engine", "local", "--num-shards", "2",
+                                  "--workers", "1", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    assert result["files"] == 24 and result["shards"] == 2 and result["images_per_s"]["local"] > 0
+    assert result["ray_startup_s"] is None and result["upload_mb_per_s"] is None
+    r = CliRunner().invoke(main, ["bench", "convert", str(tiny_tree), "--engine", "spark"])
+    assert r.exit_code == 2 and "unknown engine 'spark'" in r.output

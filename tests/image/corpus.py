@@ -138,9 +138,25 @@ def _corrupt_entropy(jpeg: bytes) -> bytes:
 
 
 def _extraneous(jpeg: bytes) -> bytes:
-    """Garbage between the scan data and the end marker: libjpeg warns, the image is intact."""
+    """Bytes between the scan data and the end marker: the scan ended before its data did (lost sync)."""
     assert jpeg[-2:] == b"\xff\xd9"
     return jpeg[:-2] + b"\x12\x34\x56" + jpeg[-2:]
+
+
+def _padded_header(jpeg: bytes) -> bytes:
+    """Stray bytes between two header segments (before the scan): an encoder's padding, pixels intact."""
+    i = jpeg.index(b"\xff\xdb")
+    return jpeg[:i] + b"\0" * 7 + jpeg[i:]
+
+
+def _icc_after_sof(gray_jpeg: bytes) -> bytes:
+    """ICC profile markers before and after the SOF (a camera's layout): libjpeg-turbo says "bad ICC
+    marker", a metadata warning; Pillow and torchvision decode the pixels."""
+    body = b"ICC_PROFILE\0\x01\x01" + _icc()
+    app2 = b"\xff\xe2" + struct.pack(">H", len(body) + 2) + body
+    i = gray_jpeg.index(b"\xff\xc0")
+    sof_end = i + 2 + struct.unpack(">H", gray_jpeg[i + 2:i + 4])[0]
+    return gray_jpeg[:2] + app2 + gray_jpeg[2:sof_end] + app2 + gray_jpeg[sof_end:]
 
 
 def _ycck(cmyk_jpeg: bytes) -> bytes:
@@ -202,7 +218,8 @@ def kinds() -> list[Kind]:
         Kind("jpeg/cmyk.jpg", cmyk, "canonical"),
         Kind("jpeg/ycck.jpg", _ycck(cmyk), "canonical"),
         Kind("jpeg/arithmetic.jpg", (DATA / "arithmetic.jpg").read_bytes(), "canonical"),
-        Kind("jpeg/extraneous-bytes.jpg", _extraneous(good_jpeg), "canonical"),
+        Kind("jpeg/padded-header.jpg", _padded_header(good_jpeg), "canonical"),
+        Kind("jpeg/gray-icc-after-sof.jpg", _icc_after_sof(jpeg_bytes(base.convert("L"))), "canonical"),
         Kind("jpeg/mpo-two-frames.jpg", mpo, "canonical"),
         Kind("jpeg/png-named-jpg.jpg", good_png, "original"),
         # JPEG skipped
@@ -210,6 +227,7 @@ def kinds() -> list[Kind]:
         Kind("jpeg/truncated-then-eoi.jpg", good_jpeg[:len(good_jpeg) * 2 // 3] + b"\xff\xd9", "skip",
              "damaged JPEG"),
         Kind("jpeg/progressive-truncated.jpg", prog[:len(prog) // 2], "skip", "damaged JPEG|truncated"),
+        Kind("jpeg/extraneous-bytes-before-eoi.jpg", _extraneous(good_jpeg), "skip", "damaged JPEG.*lost sync"),
         Kind("jpeg/corrupt-entropy.jpg", _corrupt_entropy(good_jpeg), "skip", "damaged JPEG|decode failed"),
         Kind("jpeg/twelve-bit.jpg", (DATA / "twelve-bit.jpg").read_bytes(), "skip", "12-bit JPEG"),
         Kind("jpeg/bomb-header.jpg", jpeg_bomb(), "skip", "decompression bomb"),

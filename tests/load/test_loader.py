@@ -42,10 +42,39 @@ def test_worker_rule(cpus, env, gpus, workers):
     assert "CPUs per process" in plan.explain()
 
 
-def test_signature_is_torchs_plus_main_threads_and_backend():
+@pytest.mark.parametrize("cpus, env, gpus, workers, headroom", [
+    (2, {}, 1, 1, 1),                           # a GPU host keeps a CPU for kernel launches
+    (3, {}, 1, 2, 1),
+    (12, {"LOCAL_WORLD_SIZE": "4"}, 4, 2, 1),   # 3 CPUs per rank, beside 4 GPUs
+    (2, {}, 0, 2, 0),                           # no GPU: the rule's assumption says why no headroom
+])
+def test_auto_workers_leave_headroom_on_gpu_hosts_and_say_what_they_assumed(cpus, env, gpus, workers, headroom,
+                                                                            monkeypatch, caplog):
+    import logging
+
+    import fastload.load.workers as workers_mod
+
+    plan = worker_plan(env=env, budget=budget(cpus), visible_gpus=gpus)
+    assert (plan.workers, plan.headroom) == (workers, headroom)
+    assert ("GPU" in plan.assumption) and ("kernel launches" in plan.assumption) == (gpus > 0)
+    assert f"assumed: {plan.assumption}" in plan.explain()
+    monkeypatch.setattr(workers_mod, "cpu_budget", lambda: budget(cpus))
+    monkeypatch.setattr(workers_mod, "_visible_gpus", lambda: gpus)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with caplog.at_level(logging.INFO, logger="fastload.load.workers"):
+        assert workers_mod.auto_num_workers() == workers
+    assert f"num_workers='auto' -> {workers}" in caplog.text and plan.assumption in caplog.text
+
+
+def test_signature_is_torchs_plus_main_threads_backend_and_torchdatas_snapshot_every_n_steps():
     ours = inspect.signature(DataLoader.__init__).parameters
     theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
-    assert list(ours)[:len(theirs)] == list(theirs) and list(ours)[len(theirs):] == ["main_threads", "backend"]
+    assert list(ours)[:len(theirs)] == list(theirs)
+    assert list(ours)[len(theirs):] == ["main_threads", "backend", "snapshot_every_n_steps"]
+    assert ours["snapshot_every_n_steps"].default == 1  # torchdata StatefulDataLoader's default
+    assert ours["snapshot_every_n_steps"].kind == inspect.Parameter.KEYWORD_ONLY
     for name, p in theirs.items():
         if name != "pin_memory":
             assert ours[name].default == p.default, name

@@ -234,3 +234,82 @@ def test_two_ranks_report_each_rank_and_the_slowest(tiny_tree, tmp_path):
         assert [r["rank"] for r in stage["ranks"]] == [0, 1]
         assert stage["slowest_rank"] in (0, 1)
         assert stage["images_per_s_total"] == pytest.approx(sum(r["images_per_s"] for r in stage["ranks"]))
+
+
+def test_simulated_step_host_ms_default_override_and_validation(tmp_path):
+    from fastload.measure.train import DEFAULT_HOST_MS
+
+    r = load_recipe(write(tmp_path, "[run]\nstep_ms=5\n[[stage]]\ntype='fast'"))
+    assert r.run.host_ms == DEFAULT_HOST_MS  # the measured launch cost, written into the resolved recipe
+    assert r.with_overrides(**{"run.host_ms": 0.0}).run.host_ms == 0.0
+    assert load_recipe(RECIPES / "quickstart.toml").run.host_ms == 8.0
+    with pytest.raises(RecipeError, match="run.host_ms must be a number >= 0"):
+        load_recipe(write(tmp_path, "[run]\nstep_ms=5\nhost_ms=-1\n[[stage]]\ntype='fast'"))
+
+
+def test_recipe_run_names_the_data_and_never_overwrites_a_run(tiny_tree, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    recipe = write(tmp_path, f"""
+        name = "named"
+        [dataset]
+        folder = "{tiny_tree}"
+        store = "{tmp_path / 'n.lmdb'}"
+        [run]
+        step_ms = 2
+        host_ms = 1
+        [[stage]]
+        type = "lmdb"
+    """)
+    args = ["recipe", "run", str(recipe), *TINY_RUN]
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert f"data: {tiny_tree.name}: 24 images, 3 classes ({tiny_tree}" in first.output
+    assert "1 ms of it host CPU holding the GIL" in first.output
+    out1 = tmp_path / "runs" / f"named-{tiny_tree.name}"
+    results = json.loads((out1 / "results.json").read_text())
+    assert results["data"]["name"] == tiny_tree.name and results["data"]["images"] == 24
+    assert results["stages"][0]["extra"]["host_ms"] == 1 and results["recipe"]["run"]["host_ms"] == 1
+    before = (out1 / "results.json").read_bytes()
+    second = CliRunner().invoke(main, args)  # default folder taken: a new one, the first run kept
+    assert second.exit_code == 0, second.output
+    assert f"runs/named-{tiny_tree.name}-2/results.json" in second.output
+    assert (out1 / "results.json").read_bytes() == before
+    # an explicit --out holding results is refused unless --force
+    refused = CliRunner().invoke(main, [*args, "--out", str(out1)])
+    assert refused.exit_code == 1 and "already holds the results" in refused.output and "HINT: pass --force" in \
+        refused.output
+    assert (out1 / "results.json").read_bytes() == before
+    forced = CliRunner().invoke(main, [*args, "--out", str(out1), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert (out1 / "results.json").read_bytes() != before
+
+
+def test_recipe_run_writes_per_step_tensorboard_scalars(tiny_tree, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    recipe = write(tmp_path, f"""
+        [dataset]
+        folder = "{tiny_tree}"
+        store = "{tmp_path / 'tb.lmdb'}"
+        [run]
+        step_ms = 2
+        host_ms = 0
+        rounds = 2
+        [[stage]]
+        type = "lmdb"
+        [[stage]]
+        type = "threads"
+    """)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["recipe", "run", str(recipe), "--out", str(out), *TINY_RUN])
+    assert r.exit_code == 0, r.output
+    for stage in ("lmdb", "threads"):
+        acc = EventAccumulator(str(out / "tensorboard" / stage))
+        acc.Reload()
+        tags = acc.Tags()["scalars"]
+        assert {"step/data_wait_ms", "step/idle_ms", "step/images_per_s"} <= set(tags)
+        rate = acc.Scalars("step/images_per_s")
+        assert [e.step for e in rate] == list(range(2 * 3))  # 2 rounds x 3 measured steps
+        assert all(e.value > 0 for e in rate)
+        assert all(e.value >= 0 for e in acc.Scalars("step/data_wait_ms"))

@@ -44,3 +44,25 @@ def test_overlap_and_rotation():
     assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"] and rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
     assert rotated([], 3) == []
+
+
+def test_interleave_rotates_records_positions_and_ratios_within_a_round():
+    from fastload.measure.rounds import interleave
+
+    calls = []
+    speed = {"a": 100.0, "b": 200.0, "c": 50.0}
+
+    def measure(arm, k):
+        calls.append((k, arm))
+        if arm == "c" and k == 1:
+            return None  # no value this round: nothing recorded, the order is kept
+        return speed[arm] * (1 + k)  # the machine gets faster each round: ratios within a round cancel it
+
+    got = interleave(["a", "b", "c"], 3, measure)
+    assert calls == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a"), (2, "c"), (2, "a"), (2, "b")]
+    assert list(got) == ["a", "b", "c"]
+    assert got["a"].values == [100, 200, 300] and got["a"].rounds == [0, 1, 2] and got["a"].positions == [0, 2, 1]
+    assert got["c"].rounds == [0, 2] and got["c"].positions == [2, 0]
+    assert got["b"].median() == 400 and got["b"].spread() == (200, 600)
+    assert got["b"].ratios_to(got["a"]) == [2.0, 2.0, 2.0]
+    assert got["c"].ratios_to(got["a"]) == [0.5, 0.5]

@@ -3,10 +3,10 @@
 import ctypes
 import os
 
-from fastload.image.policy import prepare_file as real
+from fastload.pack.work import prepare_item as real
 
 
-def prepare_file(path: str, options: dict):
+def prepare_item(path: str, options):
     if os.path.basename(path).startswith("crash_"):
         ctypes.string_at(0)  # SIGSEGV, exactly like a bug in a C decoder
     return real(path, options)

@@ -239,7 +239,7 @@ def test_crashing_decoder_loses_only_that_file(tmp_path, tiny_tree, monkeypatch)
 
     src = copy_tree(tiny_tree, tmp_path / "src")
     (src / "aurora" / "crash_me.jpg").write_bytes(plain_images()["rgb.jpg"])
-    monkeypatch.setattr(conv, "_HANDLER", "crashy_handler:prepare_file")
+    monkeypatch.setattr(conv, "_HANDLER", "crashy_handler:prepare_item")
     report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
     assert report.stored == len(ImageFolder(str(tiny_tree)))
     assert len(report.skipped) == 1

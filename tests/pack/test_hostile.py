@@ -186,7 +186,7 @@ _SLOW = textwrap.dedent("""
     sys.path.insert(0, sys.argv[3])
     import fastload.pack.convert as conv
     from fastload.pack.convert import ConvertOptions, convert
-    conv._HANDLER = "slow_handler:prepare_file"
+    conv._HANDLER = "slow_handler:prepare_item"
     convert(sys.argv[1], sys.argv[2], ConvertOptions(progress=False, workers=1, chunk_size=2))
     print("done")
 """)
@@ -196,8 +196,8 @@ def test_second_conversion_into_one_destination_is_refused_at_once(tmp_path):
     tree = small_tree(tmp_path / "t", n=6)
     (tmp_path / "slow_handler.py").write_text(textwrap.dedent("""
         import time
-        from fastload.image.policy import prepare_file as real
-        def prepare_file(path, options):
+        from fastload.pack.work import prepare_item as real
+        def prepare_item(path, options):
             time.sleep(0.3)
             return real(path, options)
     """))

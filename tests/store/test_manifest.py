@@ -42,7 +42,8 @@ def test_bad_field_is_named(edit, field):
     edit(d)
     with pytest.raises(ManifestError) as err:
         Manifest.from_json(json.dumps(d), where="s3://b/store/manifest.json")
-    assert field in str(err.value) and str(err.value).startswith("s3://b/store/manifest.json") and "HINT" in str(err.value)
+    message = str(err.value)
+    assert field in message and message.startswith("s3://b/store/manifest.json") and "HINT" in message
 
 
 def test_not_json_is_named():

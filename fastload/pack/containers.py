@@ -1,0 +1,239 @@
+"""Sources whose images live inside container files: WebDataset tar shards and Parquet files.
+
+Owns: listing them as a ``Source`` (items ``(relpath, label)`` in a fixed order, classes, a
+fingerprint) whose locations name a member inside a container, and reading one member's
+bytes (``read_member``), locally or in object storage (``store.remote``).
+
+* WebDataset: ``*.tar`` files (a folder or prefix of them, or one file), sorted by name; in each,
+  members grouped by key (the name up to the first dot of the basename); a sample is the key's
+  image member (``.jpg``, ``.jpeg``, ``.png``, ``.webp``, ...) and its ``.cls`` member (an integer
+  label, as text). Relative path: ``<tar name>/<image member name>``. Location:
+  ``member:<offset>:<size>:<tar path or URL>``; the bytes are one ranged read.
+* Parquet (Hugging Face ``datasets`` layout): ``*.parquet`` files, sorted; an ``image`` column of
+  structs ``{bytes, path}`` (or plain binary) and a ``label`` column of integers; class names
+  from the ``huggingface`` schema metadata's ``ClassLabel`` names when present. Relative path:
+  ``<file name>/<row>`` (with the struct's ``path`` when set). Location:
+  ``row:<row group>:<row in group>:<file path or URL>``; a worker keeps the last row group read.
+
+Must not: decode images (``image/`` does) or write stores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastload.errors import SourceError
+from fastload.pack.sources import IMG_EXTENSIONS, Source
+from fastload.store import remote
+
+__all__ = ["ContainerSource", "container_source", "is_container_source", "read_member"]
+
+_IMAGE_COLUMN, _LABEL_COLUMN = "image", "label"
+
+
+@dataclass(frozen=True)
+class ContainerSource(Source):
+    """A source whose items are members of containers; ``locations[rel]`` says where each one is."""
+
+    locations: dict[str, str] = field(default_factory=dict, repr=False)
+    member_sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    containers: tuple[tuple[str, int], ...] = ()  # (path or URL, size): what the fingerprint covers
+
+    def abspath(self, relpath: str) -> str:
+        return self.locations[relpath]
+
+    def sizes(self) -> list[int]:
+        return [self.member_sizes.get(rel, 0) for rel, _ in self.items]
+
+    def fingerprint(self, indices: list[int] | None = None) -> str:
+        h = hashlib.sha256()
+        h.update(self.kind.encode())
+        h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
+        for name, size in self.containers:
+            h.update(f"\n{name}\0{size}".encode("utf-8", "surrogateescape"))
+        for i in range(len(self.items)) if indices is None else indices:
+            rel, label = self.items[i]
+            h.update(f"\n{rel}\0{label}\0{self.member_sizes.get(rel, -1)}".encode("utf-8", "surrogateescape"))
+        return h.hexdigest()
+
+
+def _containers(path: str, suffix: str) -> list[tuple[str, int]]:
+    if remote.is_remote(path):
+        if path.rstrip("/").endswith(suffix):
+            size = remote.head(path)
+            return [] if size is None else [(path, size)]
+        return [(u, s) for u, s in remote.list_prefix(path) if u.endswith(suffix)]
+    p = Path(path)
+    if p.is_file():
+        return [(str(p.resolve()), p.stat().st_size)] if p.name.endswith(suffix) else []
+    return [(str(q.resolve()), q.stat().st_size) for q in sorted(p.glob(f"*{suffix}"))]
+
+
+def is_container_source(path: str) -> str | None:
+    """``"webdataset"`` or ``"parquet"`` when ``path`` is (a folder or prefix of) such files, else None."""
+    text = str(path).rstrip("/")
+    for kind, suffix in (("webdataset", ".tar"), ("parquet", ".parquet")):
+        if text.endswith(suffix):
+            return kind
+    if remote.is_remote(text):
+        names = [u for u, _ in remote.list_prefix(text)]
+        if names and all(u.endswith(".tar") for u in names):
+            return "webdataset"
+        if names and all(u.endswith(".parquet") for u in names):
+            return "parquet"
+        return None
+    p = Path(text)
+    if p.is_dir():
+        files = [q for q in p.iterdir() if q.is_file() and not q.name.startswith(".")]
+        if files and all(q.name.endswith(".tar") for q in files):
+            return "webdataset"
+        if files and all(q.name.endswith(".parquet") for q in files):
+            return "parquet"
+    return None
+
+
+def _open(location: str):
+    return remote.open_reader(location) if remote.is_remote(location) else open(location, "rb")
+
+
+def _webdataset(path: str) -> ContainerSource:
+    tars = _containers(path, ".tar")
+    if not tars:
+        raise SourceError(f"{path}: no .tar files.\nHINT: a WebDataset source is a folder (or prefix) of tar shards.")
+    items: list[tuple[str, int]] = []
+    locations: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    for tar, _ in tars:
+        name = tar.rsplit("/", 1)[-1]
+        images: dict[str, tarfile.TarInfo] = {}
+        labels: dict[str, tarfile.TarInfo] = {}
+        with _open(tar) as f, tarfile.open(fileobj=f, mode="r:") as tf:
+            for m in tf:
+                if not m.isfile():
+                    continue
+                base = m.name.rsplit("/", 1)[-1]
+                key = m.name[: len(m.name) - len(base)] + base.split(".", 1)[0]
+                ext = "." + base.split(".", 1)[1].lower() if "." in base else ""
+                if ext == ".cls":
+                    labels[key] = m
+                elif ext in IMG_EXTENSIONS and key not in images:
+                    images[key] = m
+            raw_labels = {}
+            for key, m in labels.items():
+                f.seek(m.offset_data)
+                raw_labels[key] = f.read(m.size)
+        for key in sorted(images):
+            m = images[key]
+            rel = f"{name}/{m.name}"
+            if key not in raw_labels:
+                raise SourceError(f"{tar}: member {m.name} has no {key}.cls label member.\nHINT: every image of a "
+                                  "WebDataset shard needs a .cls member with its integer class.")
+            try:
+                label = int(raw_labels[key].decode().strip())
+            except ValueError:
+                raise SourceError(f"{tar}: {key}.cls is not an integer label: {raw_labels[key][:40]!r}") from None
+            if label < 0:
+                raise SourceError(f"{tar}: {key}.cls holds a negative label {label}")
+            items.append((rel, label))
+            locations[rel] = f"member:{m.offset_data}:{m.size}:{tar}"
+            sizes[rel] = m.size
+    if not items:
+        raise SourceError(f"{path}: the tar shards hold no image members with a .cls label.")
+    classes = [str(i) for i in range(max(label for _, label in items) + 1)]
+    return ContainerSource("webdataset", path, path, classes, items, [], locations, sizes, tuple(tars))  # type: ignore[arg-type]
+
+
+def _class_names(schema) -> list[str] | None:
+    meta = (schema.metadata or {}).get(b"huggingface")
+    if not meta:
+        return None
+    try:
+        feature = json.loads(meta)["info"]["features"][_LABEL_COLUMN]
+        names = feature.get("names")
+        return [str(n) for n in names] if names else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _parquet(path: str) -> ContainerSource:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        from fastload.errors import MissingDependencyError
+
+        raise MissingDependencyError("Parquet sources need pyarrow.\nHINT: pip install 'fastload[parquet]'") from None
+    files = _containers(path, ".parquet")
+    if not files:
+        raise SourceError(f"{path}: no .parquet files.")
+    items: list[tuple[str, int]] = []
+    locations: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    names: list[str] | None = None
+    for loc, _ in files:
+        fname = loc.rsplit("/", 1)[-1]
+        with _open(loc) as f:
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            for col in (_IMAGE_COLUMN, _LABEL_COLUMN):
+                if col not in schema.names:
+                    raise SourceError(f"{loc}: no {col!r} column (columns: {', '.join(schema.names)}).\nHINT: fastload "
+                                      "reads the Hugging Face datasets layout: image {bytes, path} and an int label.")
+            names = names or _class_names(schema)
+            row = 0
+            for rg in range(pf.num_row_groups):
+                table = pf.read_row_group(rg, columns=[_IMAGE_COLUMN, _LABEL_COLUMN])
+                images = table.column(_IMAGE_COLUMN).to_pylist()
+                labels = table.column(_LABEL_COLUMN).to_pylist()
+                for j, (img, label) in enumerate(zip(images, labels)):
+                    data = img.get("bytes") if isinstance(img, dict) else img
+                    inner = img.get("path") if isinstance(img, dict) else None
+                    rel = f"{fname}/{row:08d}" + (f"-{inner}" if inner else "")
+                    if not isinstance(label, int) or label < 0:
+                        raise SourceError(f"{loc}: row {row} has label {label!r}; labels must be integers >= 0.")
+                    items.append((rel, label))
+                    locations[rel] = f"row:{rg}:{j}:{loc}"
+                    sizes[rel] = len(data) if data else 0
+                    row += 1
+    if not items:
+        raise SourceError(f"{path}: the Parquet files hold no rows.")
+    top = max(label for _, label in items)
+    classes = names if names and len(names) > top else [str(i) for i in range(top + 1)]
+    return ContainerSource("parquet", path, path, classes, items, [], locations, sizes, tuple(files))  # type: ignore[arg-type]
+
+
+def container_source(path: str | os.PathLike[str]) -> ContainerSource:
+    """List a WebDataset or Parquet source (a file, a folder or a prefix of them)."""
+    kind = is_container_source(str(path))
+    text = str(path).rstrip("/") if remote.is_remote(str(path)) else str(Path(path).resolve())
+    return _webdataset(text) if kind == "webdataset" else _parquet(text)
+
+
+_ROW_GROUP: dict[str, object] = {}
+
+
+def read_member(location: str) -> bytes:
+    """The bytes of one ``member:`` (tar) or ``row:`` (Parquet) location."""
+    kind, a, b, container = location.split(":", 3)
+    if kind == "member":
+        start, size = int(a), int(b)
+        if remote.is_remote(container):
+            return remote.get_range(container, start, size)
+        with open(container, "rb") as f:
+            f.seek(start)
+            return f.read(size)
+    import pyarrow.parquet as pq
+
+    key = f"{container}:{a}"
+    if _ROW_GROUP.get("key") != key:
+        with _open(container) as f:
+            _ROW_GROUP["rows"] = pq.ParquetFile(f).read_row_group(int(a), columns=[_IMAGE_COLUMN]).column(
+                _IMAGE_COLUMN).to_pylist()
+        _ROW_GROUP["key"] = key
+    img = _ROW_GROUP["rows"][int(b)]  # type: ignore[index]
+    data = img.get("bytes") if isinstance(img, dict) else img
+    return bytes(data or b"")

@@ -1,0 +1,541 @@
+"""Sharded conversion on an engine: ``convert_sharded(source, dst, options, engine) -> ConvertReport``.
+
+Owns: the deterministic plan (which source files go to which shard), the one unit of work
+(``convert_shard(shard, job) -> ShardResult``: validate and canonicalise the shard's files with
+the ``image/`` policy, write one complete store in local scratch, compact it, publish it), the
+engines that run those units (``local``: shard after shard, each on today's crash-isolated
+process pool; ``ray``: one plain Ray task per shard, ``max_retries``), resume, and the
+manifest, written last.
+
+Guarantees, whatever the engine, worker count or retry history:
+
+* placement is a function of (source listing, options) only: shard ``i`` gets the files
+  ``plan[i]`` of the (seeded, optionally shuffled) source order, and its samples are written in
+  that order, so the stores are byte-for-byte identical;
+* a shard is visible only when complete: local DST by an atomic ``rename`` of a finished
+  folder, remote DST by one object upload (S3 shows an object only once it is whole); a
+  duplicated or retried attempt publishes the same bytes again;
+* a rerun redoes only shards without a published file; on a complete DST (``manifest.json``)
+  it does nothing and says so; another source or other options on an existing DST is an
+  error naming the difference (``plan.json``, written first, records them).
+
+Must not: decode images itself (``image.policy.prepare`` does, in the pool), or import torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastload.errors import ConvertError, MissingDependencyError
+from fastload.pack.convert import ConvertOptions, ConvertReport, _differences
+from fastload.pack.sources import Source, open_any_source
+from fastload.pack.work import PrepareOptions, Prepared, Rejected
+from fastload.store import format as fmt
+from fastload.store import remote
+from fastload.store.manifest import MANIFEST_NAME, MANIFEST_VERSION, PLAN_NAME, SHARD_FILE, Manifest, ShardEntry
+
+__all__ = ["EngineOptions", "ShardSpec", "ShardJob", "ShardResult", "plan_shards", "convert_shard",
+           "convert_sharded", "ENGINES", "parse_size"]
+
+ENGINES = ("local", "ray")
+DEFAULT_SHARD_BYTES = 64 << 20
+_HANDLER = "fastload.pack.work:prepare_item"
+_FORWARD_ENV = ("AWS_", "GOOGLE_", "AZURE_")
+
+
+def parse_size(text: str) -> int:
+    """``"64MB"``, ``"512k"``, ``"1GiB"``, ``"1000"`` -> bytes (decimal units; ``i`` forms binary)."""
+    t = text.strip().upper().replace(" ", "")
+    units = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    num = t.rstrip("KMGIB")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ValueError(f"not a size: {text!r} (examples: 64MB, 512KB, 1GiB)")
+    return int(value * units[unit])
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """Where and how shards run.
+
+    Args:
+        engine: ``"local"`` (this machine's process pool) or ``"ray"`` (one Ray task per shard).
+        address: the Ray cluster (``"auto"``, ``"ray://HOST:PORT"``); None starts a local one.
+        num_shards: exactly this many shards (by file count); None sizes them by ``shard_bytes``.
+        shard_bytes: target bytes of source files per shard (default 64 MB).
+        max_retries: Ray retries of a shard task whose worker died.
+        scratch: local folder for shards being written (default: the system's temporary folder).
+    """
+
+    engine: str = "local"
+    address: str | None = None
+    num_shards: int | None = None
+    shard_bytes: int = DEFAULT_SHARD_BYTES
+    max_retries: int = 3
+    scratch: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"Unknown value {self.engine!r} for argument engine. Valid values are "
+                             f"{', '.join(ENGINES)}.")
+        if self.num_shards is not None and not 1 <= self.num_shards <= 99999:
+            raise ValueError(f"num_shards must be in 1..99999, got {self.num_shards}")
+        if self.shard_bytes < 1:
+            raise ValueError(f"shard_bytes must be >= 1, got {self.shard_bytes}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """One shard of the plan: its position, name and files ``(location, relpath, label)`` in order."""
+
+    index: int
+    total: int
+    first: int  # position of its first file in the source order
+    files: tuple[tuple[str, str, int], ...]
+    sizes: int = 0
+
+    @property
+    def name(self) -> str:
+        return fmt.shard_dirname(self.index, self.total)
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What every shard task shares: where to publish, what to record, how to validate."""
+
+    dst: str
+    build: dict[str, Any]
+    classes: tuple[str, ...]
+    source: dict[str, Any]
+    prepare: PrepareOptions
+    workers: int = 1
+    scratch: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    chunk_size: int = 256
+    handler: str = _HANDLER  # "module:function" each file goes through (a test substitutes one that crashes)
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """What one published shard holds (the manifest's entry, and the report's counts)."""
+
+    index: int
+    name: str
+    consumed: int
+    stored: int
+    bytes: int
+    sha256: str
+    header: dict[str, Any] = field(repr=False, default_factory=dict)
+    published: bool = True  # False: found already published by an earlier run
+
+
+def plan_shards(src: Source, order: Sequence[int], sizes: Sequence[int], options: EngineOptions) -> list[ShardSpec]:
+    """Split the source order into contiguous shards: ``num_shards`` by count, else by ``shard_bytes``."""
+    n = len(order)
+    if options.num_shards is not None:
+        k = options.num_shards
+        bounds = [(i * n) // k for i in range(k + 1)]
+    else:
+        bounds = [0]
+        acc = 0
+        for j, i in enumerate(order):
+            acc += sizes[i]
+            if acc >= options.shard_bytes and j + 1 < n:
+                bounds.append(j + 1)
+                acc = 0
+        bounds.append(n)
+        k = len(bounds) - 1
+    shards = []
+    for s in range(k):
+        idx = order[bounds[s]:bounds[s + 1]]
+        files = tuple((src.abspath(src.items[i][0]), src.items[i][0], src.items[i][1]) for i in idx)
+        shards.append(ShardSpec(s, k, bounds[s], files, int(sum(sizes[i] for i in idx))))
+    return shards
+
+
+# --- one shard ---------------------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _published(dst: str, name: str) -> bool:
+    if remote.is_remote(dst):
+        return remote.head(remote.RemoteLocation.parse(dst).child(f"{name}/{SHARD_FILE}")) is not None
+    return (Path(dst) / name / SHARD_FILE).is_file()
+
+
+def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int], None] | None = None,
+                  prepared: Iterator[tuple[int, bool, Any]] | None = None) -> ShardResult:
+    """Convert one shard and publish it to ``job.dst``; the unit every engine runs.
+
+    Writes a complete store in scratch (its files validated in ``job.workers`` crash-isolated
+    processes), compacts it into one ``data.mdb``, then publishes it: an atomic rename into a
+    local DST, one upload to a remote one. ``on_file(files, bytes)`` is called as files are done.
+    ``prepared``: the shard's files already going through a pool (``(j, ok, value)`` in order, as
+    ``_pool.imap_isolated`` yields them); by default a pool of ``job.workers`` is started here.
+
+    Raises:
+        ConvertError: the shard cannot be written (disk, permissions) or published.
+        RemoteStoreError: the upload failed (names the URL).
+    """
+    import lmdb
+
+    from fastload._pool import imap_isolated
+    from fastload.store.writer import StoreWriter
+
+    for k, v in job.env:
+        os.environ[k] = v  # the driver's object-store credentials and endpoint, on a cluster worker
+    _remove_stale_scratch(job.scratch)
+    scratch = Path(tempfile.mkdtemp(prefix=f"fastload-{shard.name}-pid{os.getpid()}-", dir=job.scratch))
+    try:
+        work = scratch / "work"
+        build = dict(job.build, shard={"index": shard.index, "count": shard.total, "first": shard.first,
+                                       "files": len(shard.files)})
+        chunks: list[fmt.ChunkRecord] = []
+        map_size = max(64 << 20, int(shard.sizes * 1.25) + (64 << 20))
+        with StoreWriter(work, map_size=map_size, meminit=True) as writer:
+            writer.start(build)
+            chunk = fmt.ChunkRecord(n=0)
+            puts: list[tuple[bytes, bytes]] = []
+            stored = 0
+            pending_files = pending_bytes = 0
+            last = time.monotonic()
+
+            def flush() -> None:
+                nonlocal chunk, puts, stored
+                if chunk.consumed:
+                    writer.commit_chunk(chunk, puts, committed=stored)
+                    stored += chunk.stored
+                    chunks.append(chunk)
+                    chunk, puts = fmt.ChunkRecord(n=chunk.n + 1), []
+
+            payloads = [f[0] for f in shard.files]
+            if prepared is None:
+                prepared = imap_isolated(job.handler, job.prepare, payloads, job.workers)
+            for j, ok, value in prepared:
+                _, rel, label = shard.files[j]
+                chunk.consumed += 1
+                if ok and isinstance(value, Prepared):
+                    puts.append((fmt.sample_key(stored + chunk.stored), value.data))
+                    chunk.add(label=label, crc32=zlib.crc32(value.data), encoding=value.encoding,
+                              stored_as=value.stored_as, reason=value.reason, path=rel, nbytes=len(value.data),
+                              psnr=value.psnr)
+                    pending_bytes += value.source_bytes
+                else:
+                    reason = value.reason if isinstance(value, Rejected) else str(value)
+                    chunk.skipped.append({"relpath": rel, "reason": reason})
+                pending_files += 1
+                if chunk.stored >= job.chunk_size:
+                    flush()
+                if on_file is not None and (time.monotonic() - last > 0.5 or j + 1 == len(payloads)):
+                    on_file(pending_files, pending_bytes)
+                    pending_files = pending_bytes = 0
+                    last = time.monotonic()
+            flush()
+            header = writer.finalize(build, chunks, classes=list(job.classes), source=job.source)
+        packed = scratch / "packed"
+        packed.mkdir()
+        env = lmdb.open(str(work), readonly=True, lock=False, subdir=True)
+        try:
+            env.copy(str(packed), compact=True)  # one file, no free pages: the bytes depend on the records only
+        finally:
+            env.close()
+        data = packed / SHARD_FILE
+        result = ShardResult(shard.index, shard.name, len(shard.files), header["count"], data.stat().st_size,
+                             _sha256(data), header)
+        _publish(data, job.dst, shard.name)
+        return result
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _remove_stale_scratch(folder: str | None) -> None:
+    """Delete scratch folders of shard attempts whose process is dead (killed mid-shard: a retry or a
+    rerun then starts afresh), so repeated kills do not fill this machine's disk."""
+    import re
+
+    base = Path(folder or tempfile.gettempdir())
+    for p in base.glob("fastload-shard-*-pid*-*"):
+        m = re.search(r"-pid(\d+)-", p.name)
+        if m is None or int(m.group(1)) == os.getpid():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            pass  # alive, or not ours to signal: leave it
+
+
+def _publish(data: Path, dst: str, name: str) -> None:
+    if remote.is_remote(dst):
+        remote.upload_file(data, remote.RemoteLocation.parse(dst).child(f"{name}/{SHARD_FILE}"))
+        return
+    final = Path(dst) / name
+    tmp = Path(dst) / f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        tmp.mkdir(parents=True)
+        shutil.copyfile(data, tmp / SHARD_FILE)
+        with open(tmp / SHARD_FILE, "rb") as f:
+            os.fsync(f.fileno())
+        try:
+            os.rename(tmp, final)  # atomic; fails when another attempt published it first (same bytes)
+        except OSError:
+            if not (final / SHARD_FILE).is_file():
+                raise
+    except OSError as exc:
+        from fastload.store.writer import io_hint
+
+        raise ConvertError(f"{final}: publishing the shard failed: {exc}\n{io_hint(exc, Path(dst))}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def describe_published(dst: str, name: str, index: int, files: int) -> ShardResult:
+    """The ``ShardResult`` of a shard an earlier run published (read back: sha256 and header)."""
+    from fastload.store.reader import briefly, read_meta, release
+
+    with tempfile.TemporaryDirectory(prefix="fastload-check-") as tmp:
+        if remote.is_remote(dst):
+            folder = Path(tmp) / name
+            folder.mkdir()
+            remote.download_file(remote.RemoteLocation.parse(dst).child(f"{name}/{SHARD_FILE}"), folder / SHARD_FILE)
+        else:
+            folder = Path(dst) / name
+        data = folder / SHARD_FILE
+        with briefly(folder) as env:
+            meta = read_meta(env, folder)
+        release(folder)
+        return ShardResult(index, name, files, meta.count, data.stat().st_size, _sha256(data), meta.header,
+                           published=False)
+
+
+# --- the driver --------------------------------------------------------------------------------------
+
+def _forwarded_env() -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_FORWARD_ENV)))
+
+
+def _read_text(dst: str, name: str) -> str | None:
+    if remote.is_remote(dst):
+        url = remote.RemoteLocation.parse(dst).child(name)
+        return remote.get_bytes(url).decode() if remote.head(url) is not None else None
+    p = Path(dst) / name
+    return p.read_text() if p.is_file() else None
+
+
+def _write_text(dst: str, name: str, text: str) -> None:
+    if remote.is_remote(dst):
+        remote.put_bytes(remote.RemoteLocation.parse(dst).child(name), text.encode())
+        return
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    tmp = Path(dst) / f".{name}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, Path(dst) / name)
+
+
+def _check_dst_free(dst: str) -> None:
+    """A new local DST must be empty or absent (a remote prefix is checked by listing)."""
+    if remote.is_remote(dst):
+        objects = remote.list_prefix(dst)
+        if objects:
+            raise ConvertError(f"{dst} already holds {len(objects)} objects (e.g. {objects[0][0]}) but no "
+                               f"{PLAN_NAME}.\nHINT: choose an empty prefix for DST; nothing was written.")
+        return
+    p = Path(dst)
+    if p.exists() and (not p.is_dir() or any(p.iterdir())):
+        raise ConvertError(f"{dst} exists and is not an empty folder or a sharded fastload store.\n"
+                           "HINT: choose a new or empty folder for DST; nothing was written.")
+
+
+def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
+                    options: ConvertOptions = ConvertOptions(), engine: EngineOptions = EngineOptions(),
+                    *, handler: str = _HANDLER) -> ConvertReport:
+    """Convert ``source`` (local or remote) into the sharded store ``dst`` (local or remote) on ``engine``.
+
+    ``handler``: the ``"module:function"`` every file goes through (``work.prepare_item``; tests
+    substitute one that crashes).
+
+    Returns:
+        The ``ConvertReport`` of the whole store (skipped files named across all shards).
+
+    Raises:
+        SourceError: the source is unusable.
+        ConvertError: DST holds another conversion (the message names the difference) or a
+            shard could not be converted or published.
+        RemoteStoreError: an object-store operation failed (names the URL).
+    """
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    dst = str(dst).rstrip("/") if remote.is_remote(str(dst)) else str(Path(dst).resolve())
+    src = open_any_source(source, exclude=() if remote.is_remote(dst) else (Path(dst),),
+                          num_classes=options.num_classes)
+    order = np.arange(len(src))
+    if options.shuffle:
+        order = np.random.default_rng(options.seed).permutation(len(src))
+    order = order.tolist()
+    sizes = src.sizes()
+    shards = plan_shards(src, order, sizes, engine)
+    record = dict(options.record_options(), num_shards=len(shards), shard_index=None, placement="contiguous")
+    fingerprint = src.fingerprint()
+    source_desc = {"kind": src.kind, "path": str(src.path), "classes": src.classes, "fingerprint": fingerprint,
+                   "count": len(src)}
+    build = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "source": source_desc, "options": record}
+    plan = {"build": build, "shards": [{"name": s.name, "first": s.first, "files": len(s.files)} for s in shards]}
+    report = ConvertReport(dst=Path(dst) if not remote.is_remote(dst) else dst, source=str(src.path),  # type: ignore[arg-type]
+                           total=len(order), warnings=list(src.warnings))
+
+    old = _read_text(dst, PLAN_NAME)
+    if old is None:
+        _check_dst_free(dst)
+        _write_text(dst, PLAN_NAME, json.dumps(plan, indent=1, sort_keys=True))
+    else:
+        have = json.loads(old)
+        diff = _differences(have["build"], build, contents=True)
+        if not diff and have["shards"] != plan["shards"]:
+            diff = f"  shards: {len(have['shards'])} planned vs now {len(plan['shards'])}"
+        if diff:
+            raise ConvertError(f"{dst} holds a conversion with other inputs:\n{diff}\n"
+                               "HINT: rerun with the original source and options to finish it, or choose another DST.")
+        done = _read_text(dst, MANIFEST_NAME)
+        if done is not None:
+            manifest = Manifest.from_json(done, where=f"{dst}/{MANIFEST_NAME}")
+            report.already_complete = True
+            _fill_from_manifest(report, manifest)
+            return report
+
+    job = ShardJob(dst=dst, build=build, classes=tuple(src.classes), source=source_desc,
+                   prepare=PrepareOptions.from_convert(options, src), workers=1, scratch=engine.scratch,
+                   env=_forwarded_env(), chunk_size=options.chunk_size, handler=handler)
+    todo, results = [], {}
+    for s in shards:
+        if _published(dst, s.name):
+            results[s.index] = describe_published(dst, s.name, s.index, len(s.files))
+        else:
+            todo.append(s)
+    report.resumed_from = sum(len(shards[i].files) for i in results)
+    bar = tqdm(total=len(order), initial=report.resumed_from, unit="img", desc=f"convert {Path(dst).name}",
+               disable=not options.progress, dynamic_ncols=True)
+    stats = {"shards": len(results), "of": len(shards), "bytes": 0, "retries": 0, "t0": time.monotonic()}
+
+    def progress(files: int, nbytes: int) -> None:
+        stats["bytes"] += nbytes
+        bar.update(files)
+        mbps = stats["bytes"] / 1e6 / max(1e-6, time.monotonic() - stats["t0"])
+        bar.set_postfix_str(f"{mbps:.1f} MB/s, shards {stats['shards']}/{stats['of']}, retries {stats['retries']}",
+                            refresh=False)
+
+    def shard_done(result: ShardResult) -> None:
+        results[result.index] = result
+        stats["shards"] += 1
+        progress(0, 0)
+
+    try:
+        if engine.engine == "local":
+            # today's crash-isolated pool, one for every file of every shard; shards written in order
+            from fastload._pool import imap_isolated
+
+            payloads = [f[0] for s in todo for f in s.files]
+            stream = imap_isolated(job.handler, job.prepare, payloads, options.workers or _cpus())
+            base = 0
+            try:
+                for s in todo:
+                    part = ((j - b, ok, v) for b in (base,) for j, ok, v in itertools.islice(stream, len(s.files)))
+                    shard_done(convert_shard(s, job, progress, part))
+                    base += len(s.files)
+            finally:
+                stream.close()  # stops the pool's processes now, also on an error or Ctrl-C
+        else:
+            from fastload.pack.ray_engine import run_on_ray
+
+            run_on_ray(todo, job, engine, progress, shard_done, stats)
+    finally:
+        bar.close()
+
+    ordered = [results[i] for i in range(len(shards))]
+    manifest = _manifest(ordered, src.classes, record, source_desc)
+    _write_text(dst, MANIFEST_NAME, manifest.to_json())  # last: the store is complete from here on
+    _fill_from_manifest(report, manifest)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _cpus() -> int:
+    from fastload.system import available_cpus
+
+    return available_cpus()
+
+
+def _manifest(results: list[ShardResult], classes: list[str], record: dict, source: dict) -> Manifest:
+    entries, start = [], 0
+    canon: Counter = Counter()
+    reenc: Counter = Counter()
+    skipped: list[dict[str, str]] = []
+    psnr_count = 0
+    psnr_min: list[float] = []
+    for r in results:
+        entries.append(ShardEntry(r.name, start, r.stored, r.bytes, r.sha256))
+        start += r.stored
+        h = r.header
+        skipped += h["skipped"]
+        canon.update(h["canonicalised"])
+        reenc.update(h.get("reencoded", {}))
+        lossy = h.get("lossy", {})
+        psnr_count += lossy.get("count", 0)
+        if lossy.get("psnr_min") is not None:
+            psnr_min.append(lossy["psnr_min"])
+    counts = {"stored": start, "total": sum(r.consumed for r in results), "skipped": skipped,
+              "canonicalised": dict(sorted(canon.items())), "reencoded": sum(r.header["stored_as"]["reencoded"]
+                                                                              for r in results),
+              "reencoded_reasons": dict(sorted(reenc.items())),
+              "lossy": {"count": psnr_count, "psnr_min": min(psnr_min) if psnr_min else None},
+              "bytes": sum(r.header["bytes"] for r in results)}
+    return Manifest(MANIFEST_VERSION, tuple(entries), tuple(classes), start, dict(record, source=source), counts)
+
+
+def _fill_from_manifest(report: ConvertReport, manifest: Manifest) -> None:
+    c = manifest.counts
+    report.stored = manifest.num_samples
+    report.total = c.get("total", report.total)
+    report.skipped = list(c.get("skipped", []))
+    report.canonicalised = dict(c.get("canonicalised", {}))
+    report.reencoded = int(c.get("reencoded", 0))
+    report.reencoded_reasons = dict(c.get("reencoded_reasons", {}))
+    report.lossy = dict(c.get("lossy", {}))
+    report.bytes_stored = int(c.get("bytes", 0))
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("--engine ray needs Ray.\nHINT: pip install 'fastload[ray]'") from None
+    return ray

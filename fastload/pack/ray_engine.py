@@ -1,0 +1,99 @@
+"""The ``ray`` engine: one plain Ray task per shard (``ray.remote``, ``max_retries``), not Ray Data.
+
+Owns: connecting to (or starting) a cluster, submitting ``engines.convert_shard`` once per
+shard, feeding the driver's progress bar from the tasks (a small actor the tasks report to)
+and counting retries. Ray Data would regroup rows into its own blocks and break the
+deterministic placement, so each shard's file list travels whole in its task.
+
+Must not: decide placement or write stores (``engines.py`` does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastload.errors import ConvertError
+
+__all__ = ["run_on_ray"]
+
+
+def _ray():
+    from fastload.pack.engines import require_ray
+
+    return require_ray()
+
+
+def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_done: Callable, stats: dict) -> None:
+    """Run ``convert_shard`` for each shard as a Ray task; returns when all are published.
+
+    Raises:
+        ConvertError: a shard failed after its retries (the message names it and why).
+    """
+    import os
+
+    ray = _ray()
+    from fastload.pack.engines import convert_shard
+
+    started_here = False
+    if not ray.is_initialized():
+        if engine.address is None:
+            # a local cluster on this machine, advertised on loopback (docs/convert-at-scale.md)
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        else:
+            ray.init(address=engine.address, log_to_driver=False, configure_logging=False)
+        started_here = True
+    try:
+        @ray.remote
+        class _Progress:
+            def __init__(self) -> None:
+                self.files = self.bytes = 0
+                self.attempts: dict[int, int] = {}
+
+            def add(self, files: int, nbytes: int) -> None:
+                self.files += files
+                self.bytes += nbytes
+
+            def attempt(self, index: int) -> None:
+                self.attempts[index] = self.attempts.get(index, 0) + 1
+
+            def take(self) -> tuple[int, int, int]:
+                files, nbytes = self.files, self.bytes
+                self.files = self.bytes = 0
+                return files, nbytes, sum(n - 1 for n in self.attempts.values())
+
+        @ray.remote(num_cpus=1, max_retries=engine.max_retries, retry_exceptions=False)
+        def _shard_task(shard, job, reporter):
+            reporter.attempt.remote(shard.index)
+            return convert_shard(shard, job, lambda f, b: reporter.add.remote(f, b))
+
+        reporter = _Progress.remote()
+        pending = {_shard_task.remote(s, job, reporter): s for s in shards}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            files, nbytes, retries = ray.get(reporter.take.remote())
+            stats["retries"] = retries
+            progress(files, nbytes)
+            for ref in done:
+                shard = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                    if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                        raise cause from None  # our own error (ConvertError, RemoteStoreError): already worded
+                    raise ConvertError(f"{job.dst}: shard {shard.name} failed: {cause}\nHINT: rerun the same "
+                                       "command: published shards are kept, only missing ones are redone.") from None
+                except ray.exceptions.RayError as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise ConvertError(
+                        f"{job.dst}: shard {shard.name} failed after {engine.max_retries} retries: {first}\n"
+                        "HINT: rerun the same command: published shards are kept, only missing ones are redone."
+                    ) from None
+                shard_done(result)
+        files, nbytes, retries = ray.get(reporter.take.remote())
+        stats["retries"] = retries
+        progress(files, nbytes)
+    finally:
+        if started_here:
+            ray.shutdown()

@@ -1,0 +1,98 @@
+"""WebDataset tar shards and Hugging Face-layout Parquet files as convert sources, local and on S3."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from fastload.errors import SourceError
+from fastload.pack.containers import container_source
+from fastload.pack.convert import ConvertOptions
+from fastload.pack.engines import EngineOptions, convert_sharded
+from fastload.store import remote
+from fastload.store.reader import StoreReader
+
+OPTS = ConvertOptions(progress=False, lossless=True, workers=1)
+
+
+def _samples(tree: Path) -> list[tuple[Path, int]]:
+    classes = sorted(p.name for p in tree.iterdir() if p.is_dir())
+    return [(f, i) for i, c in enumerate(classes) for f in sorted((tree / c).iterdir())]
+
+
+def _make_tars(tree: Path, out: Path, per_tar: int = 10) -> list[tuple[bytes, int]]:
+    out.mkdir()
+    samples = _samples(tree)
+    for t in range(0, len(samples), per_tar):
+        with tarfile.open(out / f"shard-{t // per_tar:04d}.tar", "w") as tf:
+            for k, (f, label) in enumerate(samples[t:t + per_tar]):
+                key = f"s{t + k:05d}"
+                for name, data in ((f"{key}{f.suffix.lower()}", f.read_bytes()), (f"{key}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+    return [(f.read_bytes(), label) for f, label in samples]
+
+
+def _make_parquet(tree: Path, out: Path) -> list[tuple[bytes, int]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir()
+    samples = _samples(tree)
+    classes = sorted(p.name for p in tree.iterdir() if p.is_dir())
+    features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": classes}}
+    for part, rows in enumerate((samples[:15], samples[15:])):
+        table = pa.table({"image": [{"bytes": f.read_bytes(), "path": f.name} for f, _ in rows],
+                          "label": pa.array([label for _, label in rows], pa.int64())})
+        table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+        pq.write_table(table, out / f"train-{part:05d}-of-00002.parquet", row_group_size=4)
+    return [(f.read_bytes(), label) for f, label in samples]
+
+
+def _check(dst: Path, expected: list[tuple[bytes, int]]) -> None:
+    reader = StoreReader(dst)
+    assert [(reader.get(i), int(reader.labels[i])) for i in range(len(reader))] == expected
+
+
+def test_webdataset_tars(tiny_tree, tmp_path):
+    expected = _make_tars(tiny_tree, tmp_path / "wds")
+    src = container_source(tmp_path / "wds")
+    assert src.kind == "webdataset" and src.classes == ["0", "1", "2"] and len(src) == 24
+    convert_sharded(tmp_path / "wds", tmp_path / "dst", OPTS, EngineOptions(num_shards=2))
+    _check(tmp_path / "dst", expected)
+
+
+def test_parquet_hf_layout(tiny_tree, tmp_path):
+    expected = _make_parquet(tiny_tree, tmp_path / "pq")
+    src = container_source(tmp_path / "pq")
+    assert src.kind == "parquet" and src.classes == sorted(p.name for p in tiny_tree.iterdir() if p.is_dir())
+    convert_sharded(tmp_path / "pq", tmp_path / "dst", OPTS, EngineOptions(num_shards=3))
+    _check(tmp_path / "dst", expected)
+    assert StoreReader(tmp_path / "dst").classes == src.classes
+
+
+def test_tar_without_labels_is_named(tmp_path):
+    (tmp_path / "wds").mkdir()
+    with tarfile.open(tmp_path / "wds" / "a.tar", "w") as tf:
+        info = tarfile.TarInfo("k1.jpg")
+        info.size = 3
+        tf.addfile(info, io.BytesIO(b"abc"))
+    with pytest.raises(SourceError, match="k1.jpg has no k1.cls label member"):
+        container_source(tmp_path / "wds")
+
+
+def test_tar_and_parquet_on_s3(s3_server, fresh_bucket, tiny_tree, tmp_path):
+    expected = _make_tars(tiny_tree, tmp_path / "wds")
+    _make_parquet(tiny_tree, tmp_path / "pq")
+    for folder in ("wds", "pq"):
+        for f in sorted((tmp_path / folder).iterdir()):
+            remote.upload_file(f, f"s3://{fresh_bucket}/{folder}/{f.name}")
+    convert_sharded(f"s3://{fresh_bucket}/wds/", tmp_path / "from-wds", OPTS, EngineOptions(num_shards=2))
+    convert_sharded(f"s3://{fresh_bucket}/pq", tmp_path / "from-pq", OPTS, EngineOptions(num_shards=2))
+    _check(tmp_path / "from-wds", expected)
+    _check(tmp_path / "from-pq", expected)
