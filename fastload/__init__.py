@@ -27,6 +27,9 @@ _EXPORTS: dict[str, str] = {
     "StoreDamagedError": "fastload.errors",
     "StoreChangedError": "fastload.errors",
     "StoreLockedError": "fastload.errors",
+    "ShardCacheError": "fastload.errors",
+    "ShardIntegrityError": "fastload.errors",
+    "CacheFullError": "fastload.errors",
     "ConvertError": "fastload.errors",
     "SourceError": "fastload.errors",
     "CorruptSampleError": "fastload.errors",
@@ -52,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     # load
     "LMDBImageDataset": "fastload.load.dataset",
     "DataLoader": "fastload.load.loader",
+    "ShardSampler": "fastload.load.shards",
     "DevicePrefetcher": "fastload.load.prefetch",
     "prepare_batch": "fastload.load.prefetch",
     "auto_num_workers": "fastload.load.workers",
