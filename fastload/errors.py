@@ -35,6 +35,8 @@
 
 Also a ``ValueError`` where noted (``CorruptSampleError``, ``RecipeError``, ``ResumeStateError`` and ``SourceError``
 inherit from it) so code that already catches ``ValueError`` keeps working.
+
+Must not: import anything from fastload (every room, the edges included, raises these).
 """
 
 from __future__ import annotations

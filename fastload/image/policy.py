@@ -51,17 +51,13 @@ chroma.
 
 Non-JPEG sources (PNG, WebP, TIFF, GIF, BMP, ...) are re-encoded as JPEG quality 95, 4:4:4
 (``stored_as`` "reencoded", lossy, its PSNR recorded) unless ``lossless=True``
-(``convert --lossless``). Why, measured by ``fastload bench encode`` (README, "Which
-encoding for non-JPEG sources"): a PNG is decoded whole, every epoch, by zlib and Pillow,
+(``convert --lossless``). Why: a PNG is decoded whole, every epoch, by zlib and Pillow,
 while a JPEG gets libjpeg-turbo's DCT-scaled and region decode on the CPU and nvJPEG on the
-GPU. On the reference machine JPEG q95 4:4:4 loaded 4.0x faster than lossless PNG in the
-train preset on the default data and 4.9x on 12 MP photos, at 0.36-0.37x the bytes and a
-median PSNR of 45-46 dB (40 dB at worst) on these noise-textured images; real photo
-folders were not measured. WebP lossless
-was 1.35x faster than PNG on small images and 0.89x on 12 MP ones, and 2-4x slower to
-encode. With ``lossless=True`` the old rule holds: non-interlaced 8-bit RGB or grayscale
-PNGs that pass the checks are stored as-is and every other non-JPEG source as lossless PNG
-(bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
+GPU. ``fastload bench encode`` measures the trade (load speed in the train preset, bytes,
+PSNR, encode cost) on any folder; its figures, with the commands that printed them, are in
+docs/benchmarks.md ("Which encoding for non-JPEG sources"). With ``lossless=True`` the
+old rule holds: non-interlaced 8-bit RGB or grayscale PNGs that pass the checks are stored
+as-is and every other non-JPEG source as lossless PNG (bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
 strictly, before it is accepted; the PSNR of every lossy write against the pixels it
 encodes is returned (``Prepared.psnr``).
 

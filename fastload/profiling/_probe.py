@@ -76,24 +76,65 @@ def short_path(name: str) -> str:
     return name[len(cwd) + 1:] if name.startswith(cwd + os.sep) else name
 
 
-def _user_frame(depth: int = 3):
-    """The first frame outside torch and fastload's profiling/measure/load rooms: the user's own line."""
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _not_users(filename: str, ours: tuple[str, ...]) -> bool:
+    """Code that is not the user's: torch, fastload's profiling/measure/load rooms, any installed package
+    (Lightning, accelerate, ... run the user's ``train_dataloader()`` and ``for`` loop from inside their own
+    code, so the first frame outside them is the user's line)."""
+    return filename.startswith(ours) or any(part in filename for part in _INSTALLED)
+
+
+def _ours() -> tuple[str, ...]:
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
 
         _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+    return _TORCH_DIR, _HERE, str(Path(_HERE).parent / "load"), str(Path(_HERE).parent / "measure")
+
+
+def _user_frame(depth: int = 3):
+    """The first frame outside torch, fastload's profiling/measure/load rooms and installed packages."""
+    ours = _ours()
     frame = sys._getframe(depth)
-    ours = (_TORCH_DIR, _HERE, str(Path(_HERE).parent / "load"), str(Path(_HERE).parent / "measure"))
     while frame is not None:
-        if not frame.f_code.co_filename.startswith(ours):
+        if not _not_users(frame.f_code.co_filename, ours):
             return frame
         frame = frame.f_back
     return None
 
 
+def _construction_site(loader: Any, depth: int) -> str | None:
+    """Absolute ``file:line`` of the user's ``DataLoader(...)`` call for ``loader`` being constructed now.
+
+    A loader rebuilt by a framework from one the user made (Lightning's ``_update_dataloader``, which
+    re-instantiates the loader with a ``DistributedSampler``) takes the site of the one it was built from:
+    a frame between here and the user's line holds that loader in a local.
+    """
+    ours = _ours()
+    frame = sys._getframe(depth)
+    while frame is not None:
+        if not _not_users(frame.f_code.co_filename, ours):
+            return f"{os.path.abspath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        try:
+            values = list(frame.f_locals.values())
+        except Exception:  # an exotic frame: no inheritance from it
+            values = []
+        for value in values:
+            try:
+                site = vars(value).get("_fastload_created_at")
+            except Exception:  # no __dict__ (or a proxy that refuses): not a loader
+                continue
+            if value is not loader and isinstance(site, str):
+                return site
+        frame = frame.f_back
+    return None
+
+
 def _call_site() -> str:
-    """``file:line`` of the user's ``for`` line (the first frame outside torch and fastload)."""
+    """``file:line`` of the user's ``for`` line (the first frame outside torch, fastload and installed packages)."""
     frame = _user_frame()
     return "?" if frame is None else f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
@@ -251,9 +292,25 @@ class Recorder:
         with self._lock:
             track = self.tracks.get(id(loader))
             if track is None:
-                track = Track(key or f"{type(loader).__name__}@{_call_site()}", loader, len(self.tracks))
+                track = Track(key or self._key(loader), loader, len(self.tracks))
+                track.meta["iterated_at"] = _call_site()
                 self.tracks[id(loader)] = track
             return track
+
+    def _key(self, loader: Any) -> str:
+        """``Kind@file:line`` of the user's ``DataLoader(...)`` line (where it is iterated when that is unknown:
+        a loader made before the probe started); two loaders made on one line are told apart by where each is
+        iterated, then by their order."""
+        site = getattr(loader, "_fastload_created_at", None)
+        iterated = _call_site()
+        key = f"{type(loader).__name__}@{short_path(site) if site else iterated}"
+        taken = {t.key for t in self.tracks.values()}
+        if key in taken:
+            key = f"{key} iterated at {iterated}"
+        base, n = key, 2
+        while key in taken:
+            key, n = f"{base} #{n}", n + 1
+        return key
 
     def wrap(self, loader: Any, iterator: Any, key: str | None = None) -> _TimedIter:
         try:
@@ -465,6 +522,10 @@ def start(out: Path | None, *, steps: int | None, warmup: int, replay_key: str |
         _patch_dataloader()
     else:
         _on_import("torch.utils.data.dataloader", _patch_dataloader)
+    if "fastload.load.loader" in sys.modules:
+        _patch_thread_backend()
+    else:
+        _on_import("fastload.load.loader", _patch_thread_backend)
     return _RECORDER
 
 
@@ -497,9 +558,10 @@ def _patch_dataloader(*_: Any) -> None:
         workers = kwargs.get("num_workers", args[5] if len(args) > 5 else 0)
         if isinstance(workers, str):
             raise TypeError(check_num_workers(type(self), workers))
-        frame = _user_frame(2)
-        if frame is not None:
-            self.__dict__["_fastload_created_at"] = f"{os.path.abspath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        if "_fastload_created_at" not in self.__dict__:  # a subclass's __init__ calling ours: the outer call named it
+            site = _construction_site(self, 2)
+            if site is not None:
+                self.__dict__["_fastload_created_at"] = site
         original_init(self, *args, **kwargs)
 
     __iter__._fastload_profile = True  # type: ignore[attr-defined]
@@ -507,6 +569,31 @@ def _patch_dataloader(*_: Any) -> None:
     __init__._fastload_original = original_init  # type: ignore[attr-defined]
     cls.__iter__ = __iter__
     cls.__init__ = __init__
+
+
+def _patch_thread_backend(*_: Any) -> None:
+    """``fastload.DataLoader(backend="threads")`` makes its iterator without torch's ``__iter__``: time it here."""
+    from fastload.load import loader as fl
+
+    cls = fl.DataLoader
+    if getattr(cls.__iter__, "_fastload_profile", False):
+        return
+    original = cls.__iter__
+
+    def __iter__(self):
+        rec = _RECORDER
+        if (getattr(self, "backend", None) != "threads" or rec is None or not rec.active
+                or getattr(_SUPPRESS, "on", False)):
+            return original(self)  # the processes backend reaches torch's (patched) __iter__
+        if rec.apply:
+            rec.apply_to(self)
+        _samples.prepare_loader(self, rec.out)
+        return rec.wrap(self, original(self))
+
+    functools.update_wrapper(__iter__, original)
+    __iter__._fastload_profile = True  # type: ignore[attr-defined]
+    __iter__._fastload_original = original  # type: ignore[attr-defined]
+    cls.__iter__ = __iter__
 
 
 def check_num_workers(cls: type, value: str) -> str:

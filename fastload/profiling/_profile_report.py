@@ -165,7 +165,8 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
                            "data_wait": {k: v * 1e3 for k, v in percentiles([s[1] for s in steps]).items()}},
         "loader": {"key": track["key"], "class": meta.get("class"), "num_workers": workers,
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
-                   "created_at": meta.get("created_at"),
+                   "created_at": meta.get("created_at"), "iterated_at": meta.get("iterated_at"),
+                   "dataset": meta.get("dataset"),
                    "prefetch_factor": meta.get("prefetch_factor"), "batch_size": meta.get("batch_size"),
                    "persistent_workers": meta.get("persistent_workers"), "batch_bytes": batch_bytes,
                    "worker_cpu_util": util, "worker_cpu_util_mean": sum(util) / len(util) if util else None,
@@ -233,7 +234,8 @@ def format_summary(s: dict[str, Any]) -> str:
                         f"{sc['runqueue_share']:.0%} of the time)"))
     ld = s["loader"]
     lines.append(f"  loader {ld['key']}: num_workers={ld['num_workers']}, pin_memory={ld['pin_memory']}, "
-                 f"{s['images_per_step']:.0f} samples/batch, {ld['batch_bytes'] / 1e3:.0f} kB/batch")
+                 f"{s['images_per_step']:.0f} samples/batch, {ld['batch_bytes'] / 1e3:.0f} kB/batch"
+                 + (f" (iterated at {ld['iterated_at']})" if ld.get("iterated_at") and ld.get("created_at") else ""))
     if ld["worker_cpu_util"]:
         lines.append("  worker CPU: " + ", ".join(f"{u:.0%}" for u in ld["worker_cpu_util"])
                      + f" of one CPU each; {ld['cpus_per_process']} CPUs for this process")

@@ -5,7 +5,8 @@ The gain model. Per step of the training loop: T the measured step time, ``bound
 input-bound share (host data wait without CUDA; GPU idle overlapping the wait on CUDA),
 so a perfect loader gives a step of ``c = T * (1 - bound)`` and no change can beat
 ``1 / (1 - bound)``. One batch costs ``t_b = images * seconds per sample`` of loading,
-``t_cpu = t_b * cpu share`` of it on a CPU. The step itself keeps ``k`` CPUs busy
+``t_cpu = t_b * (cpu share + run-queue share)`` of it on a CPU or waiting for one (only the
+blocked part, I/O or sleep, overlaps across workers). The step itself keeps ``k`` CPUs busy
 (``step_cores``: the training process's CPU time over the step's own part, from ``next()``
 returning to the next call, divided by its wall time: on a CPU device the model's compute, on a
 GPU the host side that launches kernels). With ``P`` CPUs for this process and ``N`` workers
@@ -38,9 +39,11 @@ from typing import Any
 from fastload.profiling._snippet import loader_snippet, store_snippet, uint8_snippet
 
 INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
-PARTS = {"read": "opening files (PIL Image.open)", "decode": "image decode in PIL (load/convert)",
-         "transform": "torchvision transforms", "download": "waiting for shard downloads of the remote store",
-         "other": "the dataset's own code outside PIL and transforms"}
+PARTS = {"read": "opening files (PIL Image.open) or reading the store", "decode": "image decode (PIL, simplejpeg)",
+         "transform": "transforms (torchvision's, fastload's presets)",
+         "download": "waiting for shard downloads of the remote store",
+         "other": "the dataset's own code outside reads, decodes and transforms"}
+FASTLOAD_DATASETS = ("fastload.load.dataset.LMDBImageDataset",)  #: already read from a store: no convert advice
 STORAGE_BOUND = 0.30  #: download wait at least this share of sample time, and its largest part: storage-bound
 
 
@@ -136,7 +139,11 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
     if samples:
         tb = s["images_per_step"] * samples["per_sample_ms"] / 1e3
         share = samples["cpu_share"]
-        tcpu = tb * share
+        # the CPU a batch wants: its CPU time plus its wait for a CPU (as for the step's ``wanted_cores``). A
+        # sample that waited for a CPU does not run faster in a second worker on the same CPUs: counted as
+        # free, that wait let 2 workers on 2 CPUs promise more than 2x (2.53x under Lightning, where the tiny
+        # step left the contended check below unarmed); only the blocked part (I/O, sleep) overlaps
+        tcpu = tb * min(1.0, share + (samples.get("runqueue_share") or 0.0))
         parts = samples["parts"]
         top = max(parts, key=parts.get)
         details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
@@ -181,12 +188,14 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         best_gain = max(ratio.values())
         near = [n for n, g in ratio.items() if g >= best_gain / 1.02]
         best = plan_workers if plan_workers in near else min(near)
-        if contended and best > w_now:
+        if contended and (best > w_now or best_gain < 1.05):
+            shown = best if best > w_now else max(w_now + 1, plan_workers)
             cpu_bound_verdict = (
                 f"CPU-contended training: loading, compute and other processes share {cpus} CPUs (the step wants "
                 f"{cores:.1f}, its threads waited for a CPU {step_rq:.0%} of the time); more workers cannot be "
-                f"promised a gain (the model, which takes the CPUs as this process's, says {ratio[best]:.2f}x "
-                f"for num_workers={best}: check with --verify-fix)")
+                f"promised a gain (the model, which takes the CPUs as this process's, says "
+                f"{ratio.get(shown, min(cap, T / step_time(shown))):.2f}x for num_workers={shown}: check with "
+                "--verify-fix)")
         elif best != w_now and ratio[best] >= 1.05:
             value = _workers_value(best, plan_workers)
             change = f'num_workers="auto" (-> {best})' if value == "auto" else f"num_workers={best}"
@@ -216,7 +225,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             storage_verdict = (f"storage-bound: the loop waited for shard downloads "
                                f"{s.get('download_wait_fraction', bound * parts['download']):.0%} of the time")
             recs.extend(_storage_recs(s, gain(tb * (1 - parts["download"]), tcpu, n_after)))
-        if parts["read"] >= 0.15:
+        if parts["read"] >= 0.15 and loader.get("dataset") not in FASTLOAD_DATASETS:
             recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
                          "stage": "lmdb",
                          "why": f"{parts['read']:.0%} of sample time is opening and reading small files",

@@ -168,15 +168,28 @@ def _runqueue_s() -> float | None:
 
 
 def _wrap_getitem(cls: type) -> None:
+    lmdb = getattr(sys.modules.get("fastload.load.dataset"), "LMDBImageDataset", None)
+    if lmdb is not None and issubclass(cls, lmdb):
+        # fastload's dataset: time getitem(), which both __getitem__ and the thread pipeline call (the
+        # pipeline calls it directly, and tells its own dataset by ``type(ds).__getitem__ is
+        # LMDBImageDataset.__getitem__``: a wrap on a subclass would turn its fast path off)
+        if not getattr(lmdb.getitem, "_fastload_profile", False):
+            lmdb.getitem = _timed_sample(lmdb.getitem, None)
+        if cls.__getitem__ is lmdb.__getitem__:
+            return
     original = cls.__getitem__
     if getattr(original, "_fastload_profile", False):
         return
-    key = _class_key(cls)
+    cls.__getitem__ = _timed_sample(original, _class_key(cls))
 
-    def __getitem__(self, index):
+
+def _timed_sample(original, key: str | None):
+    """``original`` (``__getitem__``-like) timed as one sample of ``key`` (None: the instance's class)."""
+
+    def timed(self, index, *args, **kwargs):
         st = _state()
         if st.depth:
-            return original(self, index)
+            return original(self, index, *args, **kwargs)
         st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
         cache = sys.modules.get("fastload.store.cache")  # time blocked on a shard download is its own part
         w0 = cache._STATS.wait_s if cache is not None else None
@@ -184,7 +197,7 @@ def _wrap_getitem(cls: type) -> None:
         q0 = _runqueue_s() if st.count % SCHED_EVERY == 0 else None
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return original(self, index)
+            return original(self, index, *args, **kwargs)
         finally:
             wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
             rq = None
@@ -192,12 +205,16 @@ def _wrap_getitem(cls: type) -> None:
                 q1 = _runqueue_s()
                 rq = None if q1 is None else (q1 - q0, wall)
             st.depth = 0
-            if w0 is not None:
-                st.parts["download"] = max(0.0, cache._STATS.wait_s - w0)
-            _STATS.add(key, wall, cpu, st.parts, st.transforms, rq)
+            if w0 is not None:  # the wait happened inside the store read: it is download, not read
+                waited = max(0.0, cache._STATS.wait_s - w0)
+                st.parts["download"] = waited
+                st.parts["read"] = max(0.0, st.parts["read"] - waited)
+            _STATS.add(key or _class_key(type(self)), wall, cpu, st.parts, st.transforms, rq)
 
-    __getitem__._fastload_profile = True  # type: ignore[attr-defined]
-    cls.__getitem__ = __getitem__
+    timed._fastload_profile = True  # type: ignore[attr-defined]
+    timed.__wrapped__ = original  # type: ignore[attr-defined]
+    timed.__name__, timed.__doc__ = original.__name__, original.__doc__
+    return timed
 
 
 def _timed(fn, part: str):
@@ -221,6 +238,53 @@ def _timed(fn, part: str):
     inner.__name__ = getattr(fn, "__name__", "wrapped")
     inner.__doc__ = getattr(fn, "__doc__", None)
     return inner
+
+
+def _timed_own(fn, part: str, name: str | None = None):
+    """``fn`` timed as ``part``, less the read/decode timed inside it (fastload's presets decode inside the
+    transform: ``from_bytes`` is decode + crop/resize/flip); ``name``: also counted per transform."""
+    if getattr(fn, "_fastload_profile", False):
+        return fn
+
+    def inner(*args, **kwargs):
+        st = _state()
+        if not st.depth or st.region is not None:
+            return fn(*args, **kwargs)
+        before = sum(st.parts.values())
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            own = max(0.0, time.perf_counter() - t0 - (sum(st.parts.values()) - before))
+            st.parts[part] += own
+            if name is not None:
+                st.transforms[name] = st.transforms.get(name, 0.0) + own
+
+    inner._fastload_profile = True  # type: ignore[attr-defined]
+    inner.__wrapped__ = fn  # type: ignore[attr-defined]
+    inner.__name__ = getattr(fn, "__name__", "wrapped")
+    inner.__doc__ = getattr(fn, "__doc__", None)
+    return inner
+
+
+def _patch_fastload() -> None:
+    """fastload's own dataset: the store read, its decoders (simplejpeg / Pillow), its preset transforms."""
+    reader = sys.modules.get("fastload.store.reader")
+    if reader is not None:
+        reader.StoreReader.get = _timed(reader.StoreReader.get, "read")
+    remote = sys.modules.get("fastload.store.remote_store")
+    if remote is not None:
+        remote.RemoteStoreReader.get = _timed(remote.RemoteStoreReader.get, "read")
+    dataset = sys.modules.get("fastload.load.dataset")
+    if dataset is not None:
+        dataset.decode_pil = _timed(dataset.decode_pil, "decode")
+    presets = sys.modules.get("fastload.load.transforms")
+    if presets is not None:
+        for fn in ("decode_rgb_fast", "decode_rgb_region"):  # called by name from the presets' module
+            setattr(presets, fn, _timed(getattr(presets, fn), "decode"))
+        for cls in (presets.TrainTransform, presets.EvalTransform):
+            cls.from_bytes = _timed_own(cls.from_bytes, "transform", cls.__name__)
+            cls.__call__ = _timed_own(cls.__call__, "transform", cls.__name__)
 
 
 def _compose_call(original):
@@ -249,7 +313,7 @@ def _compose_call(original):
 
 
 def patch_libraries() -> None:
-    """Wrap PIL and torchvision.transforms where the script has imported them (idempotent)."""
+    """Wrap PIL, torchvision.transforms and fastload's store and presets where imported (idempotent)."""
     image = sys.modules.get("PIL.Image")
     if image is not None:
         image.open = _timed(image.open, "read")
@@ -264,6 +328,7 @@ def patch_libraries() -> None:
     transforms = sys.modules.get("torchvision.transforms.transforms")
     if transforms is not None:
         transforms.Compose.__call__ = _compose_call(transforms.Compose.__call__)
+    _patch_fastload()
 
 
 class _WorkerInit:
@@ -300,7 +365,8 @@ def prepare_loader(loader: Any, out: Path | None) -> None:
     if dataset is not None and not isinstance(dataset, IterableDataset) and hasattr(type(dataset), "__getitem__"):
         _wrap_getitem(type(dataset))
     patch_libraries()
-    if getattr(loader, "num_workers", 0) and not isinstance(getattr(loader, "worker_init_fn", None), _WorkerInit):
+    if (getattr(loader, "num_workers", 0) and getattr(loader, "backend", None) != "threads"  # threads: no processes
+            and not isinstance(getattr(loader, "worker_init_fn", None), _WorkerInit)):
         loader.worker_init_fn = _WorkerInit(loader.worker_init_fn, str(out) if out else None)
 
 

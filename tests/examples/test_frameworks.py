@@ -74,3 +74,13 @@ def test_fastload_profile_works_unchanged_on_a_lightning_trainer_fit_script(tiny
     assert prof["exit_status"] == 0 and prof["steps"] == 4 and prof["images_per_step"] == 4
     assert prof["loader"]["class"] == "fastload.load.loader.DataLoader"  # it found the DataModule's loader
     assert prof["samples"]["n"] > 0 and prof["images_per_s"] > 0
+    # named by the DataLoader(...) line of train_dataloader(), not by Lightning's combined_loader.py
+    source = (EXAMPLES / "lightning_train.py").read_text().splitlines()
+    line = next(i for i, t in enumerate(source, 1) if "return DataLoader(" in t)
+    assert prof["loader"]["created_at"] == f"{EXAMPLES / 'lightning_train.py'}:{line}"
+    assert prof["loader"]["key"].endswith(f"lightning_train.py:{line}") and "lightning/" not in prof["loader"]["key"]
+    assert "site-packages" not in prof["loader"]["iterated_at"]  # the script's trainer.fit(...) line
+    assert f"lightning_train.py:{line}: num_workers=0" in proc.stdout
+    # the store's samples: read, decode and the preset's crop/resize, not "other"
+    parts = prof["samples"]["parts"]
+    assert parts["read"] > 0 and parts["decode"] > 0 and parts["transform"] > 0 and parts["other"] < 0.5, parts

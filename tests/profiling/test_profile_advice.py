@@ -147,6 +147,22 @@ def test_no_gain_promised_where_other_processes_take_the_cpus_the_step_wants():
     assert verdict.startswith("input-bound") and recs[0]["stage"] == "workers"
 
 
+def test_time_samples_wait_for_a_cpu_is_not_loading_that_more_workers_overlap():
+    # `fastload profile` on the Lightning example, 0 workers, 2 CPUs shared with other users: the step and the
+    # samples are all CPU (no I/O), but samples waited for a CPU 75% of their time. Counting that wait as free
+    # (overlappable like I/O) promised 2.5x from 2 workers on 2 CPUs; all-CPU work on 2 CPUs gains at most 2x.
+    s = _summary(wait=0.6, workers=0, cpus=2, per_sample_ms=7.5, cpu_share=0.25, step_cores=1.0)
+    s["samples"].update(runqueue_share=0.75, blocked_share=0.0)
+    recommend(s, plan_workers=2, has_gpu=False)
+    predicted = {p["apply"]["num_workers"]: p["expected_gain"] for p in s["predictions"]}
+    assert predicted[2] == pytest.approx(2.0)  # (40 ms step + 60 ms loading) of CPU over 2 CPUs: 50 ms a step
+    assert max(predicted.values()) <= 2.0 + 1e-9
+    # samples that block (I/O, sleep) instead do overlap: the step's 40 ms is then the floor
+    s["samples"].update(runqueue_share=0.0, blocked_share=0.75)
+    recommend(s, plan_workers=2, has_gpu=False)
+    assert {p["apply"]["num_workers"]: p["expected_gain"] for p in s["predictions"]}[2] == pytest.approx(2.5)
+
+
 def test_too_many_workers_for_a_step_that_needs_the_cpus():
     s = _summary(wait=0.3, workers=4, cpus=4, per_sample_ms=10.0, cpu_share=0.95, step_cores=3.5)
     _, recs = recommend(s, plan_workers=3, has_gpu=False)
