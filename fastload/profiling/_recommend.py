@@ -253,6 +253,8 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                      "why": f"host-to-device copies from pageable memory took {h:.0%} of the window",
                      "expected_gain": min(cap, 1.0 / (1.0 - h)), "apply": {"pin_memory": True},
                      "code": _code(created, {"pin_memory": True})})
+    if storage_verdict:  # the samples wait for the link: no CPU verdict (waiting takes no CPU) overrides that
+        cpu_bound_verdict = None
     recs = [r for r in recs if r["expected_gain"] >= 1.02]  # a change predicted to gain nothing is no advice
     if cpu_bound_verdict:
         recs.append({"change": "none on the loading side: make the step cheaper (smaller model or batch, "
@@ -263,10 +265,10 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                      "why": "input-bound, but no single part of the sample time stands out",
                      "expected_gain": cap})
     recs.sort(key=lambda r: -r["expected_gain"])
-    if cpu_bound_verdict:
-        return "; ".join([cpu_bound_verdict, where, *details]), recs
     if storage_verdict:
         return "; ".join([storage_verdict, where, *details]), recs
+    if cpu_bound_verdict:
+        return "; ".join([cpu_bound_verdict, where, *details]), recs
     verdict = "input-bound: " + "; ".join([where, *details])
     return verdict, recs
 
