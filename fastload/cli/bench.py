@@ -86,10 +86,13 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @click.option("--remote", default=None, metavar="URL",
               help="Instead: the sharded store at URL (s3://, gs://, az://) with a cold and a warm node cache "
               "against --store, the same store on local disk (fastload.bench.remote).")
+@click.option("--mosaic", default=None, metavar="URL",
+              help="With --remote: also MosaicML Streaming reading the same images as MDS at URL (cold and warm; "
+              "fastload.bench.remote.write_mds writes them; needs `pip install mosaicml-streaming`).")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     step_ms, host_ms, remote, json_out) -> None:
+                     step_ms, host_ms, remote, mosaic, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -97,13 +100,16 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     before the next is timed; ratios against torchvision, also per round. A path that
     cannot run on DATA is reported skipped with the reason.
     """
+    if mosaic is not None and remote is None:
+        raise click.UsageError("--mosaic URL is compared with --remote URL: give both (and --store).")
     if remote is not None:
         from fastload.bench.remote import RemoteBenchOptions, bench_remote
 
         if store is None:
             raise click.UsageError("--remote URL needs --store: the same sharded store on local disk.")
         emit(bench_remote(store, remote, RemoteBenchOptions(workers=workers, batch_size=batch_size,
-                                                            image_size=image_size, rounds=rounds)), json_out)
+                                                            image_size=image_size, rounds=rounds),
+                          mosaic_url=mosaic), json_out)
         return
     from fastload.bench.loader import LoaderBenchOptions, bench_loader
 
