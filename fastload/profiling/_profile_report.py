@@ -151,6 +151,7 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
         "percentiles_ms": {"step": {k: v * 1e3 for k, v in percentiles([s[2] for s in steps]).items()},
                            "data_wait": {k: v * 1e3 for k, v in percentiles([s[1] for s in steps]).items()}},
         "loader": {"key": track["key"], "class": meta.get("class"), "num_workers": workers,
+                   "backend": meta.get("backend"),
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
                    "created_at": meta.get("created_at"), "iterated_at": meta.get("iterated_at"),
                    "dataset": meta.get("dataset"),
@@ -248,7 +249,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append("recommendations:")
     for i, r in enumerate(s["recommendations"], 1):
         gain = r["expected_gain"]
-        said = (f"predicted {gain:.2f}x images/s" if r.get("stage") else
+        said = (f"predicted {gain:.2f}x images/s" if r.get("stage") and not r.get("bound") else
                 f"up to {gain:.2f}x images/s" if gain > 1.0 else "no gain predicted")
         lines.append(f"  {i}. {r['change']}: {said}. {r['why']}")
         if r.get("code"):

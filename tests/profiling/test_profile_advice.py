@@ -117,6 +117,39 @@ def test_cpu_bound_training_is_not_told_to_add_workers():
     assert pick["expected_gain"] < 1.0
 
 
+def _bounds(s: dict) -> tuple[float, float]:
+    """The two ceilings every predicted gain must respect: the data wait's, and the CPUs' for the loading."""
+    tb_cpu = s["images_per_step"] * s["samples"]["per_sample_ms"] / 1e3 * s["samples"]["cpu_share"]
+    return 1 / (1 - s["data_wait_fraction"]), s["loader"]["cpus_per_process"] / s["steps_per_s"] / tb_cpu
+
+
+def test_no_predicted_gain_exceeds_the_data_wait_or_the_cpus():
+    # 2 workers on 2 CPUs already, every sample all CPU: 98% data wait "allows" 50x, but the CPUs can load a
+    # batch (200 ms of CPU) at best every 100 ms, the measured step. The A/B advice said "up to 50.00x".
+    s = _summary(wait=0.98, workers=2, cpus=2, per_sample_ms=25.0, cpu_share=1.0, step_cores=0.0)
+    verdict, recs = recommend(s, plan_workers=2, has_gpu=False)
+    wait_cap, cpu_cap = _bounds(s)
+    assert cpu_cap == pytest.approx(1.0)
+    gains = [r["expected_gain"] for r in recs] + [p["expected_gain"] for p in s["predictions"]]
+    assert gains and max(gains) <= min(wait_cap, cpu_cap) + 1e-9
+
+
+def test_threads_backend_gets_no_worker_model_prediction():
+    # loader threads in the training process share its GIL and CPUs: the worker (process) model promised
+    # "up to 89.80x" on a plain threads script; no thread-count gain may be predicted, and the verdict says why
+    s = _summary(wait=0.98, workers=2, cpus=2, per_sample_ms=10.0, cpu_share=1.0, step_cores=0.0)
+    s["loader"]["backend"] = "threads"
+    verdict, recs = recommend(s, plan_workers=4, has_gpu=False)
+    assert "backend='threads'" in verdict and "GIL" in verdict
+    assert not [r for r in recs if r["stage"] == "workers"] and s["predictions"] == []
+    wait_cap, cpu_cap = _bounds(s)
+    assert all(r["expected_gain"] <= min(wait_cap, cpu_cap) + 1e-9 for r in recs)
+    assert all(r.get("bound") for r in recs if r["expected_gain"] > 1.0)  # shown as "up to", not "predicted"
+    s["loader"]["backend"] = "processes"  # the same figures with processes: the model does predict workers
+    recommend(s, plan_workers=4, has_gpu=False)
+    assert s["predictions"]
+
+
 def test_a_step_that_leaves_the_cpus_free_keeps_the_worker_gain():
     # the same loading, a step that sleeps (a GPU step's host side that waits): workers overlap the loading
     s = _summary(wait=0.4, workers=0, cpus=2, per_sample_ms=5.0, cpu_share=0.95, step_cores=0.05)
