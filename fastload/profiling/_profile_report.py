@@ -257,11 +257,18 @@ def format_summary(s: dict[str, Any]) -> str:
     v = s.get("verify_fix")
     if v and "skipped" in v:
         lines.append(f"verify-fix: skipped: {v['skipped']}")
+    elif v and v.get("not_applied"):
+        lines.append(f"verify-fix: NOT APPLIED: {v['change']}: {v['not_applied']}")
     elif v:
+        base, changed = v["images_per_s"]
+        rounds = ", ".join(f"{r:.2f}x" for r in v["round_ratios"])
+        judged = ("outside the noise" if v["outside_noise"] else "within the noise: the change is not shown to "
+                  "matter" if v["outside_noise"] is False else "noise unknown")
         lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: predicted "
-                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s "
-                     f"({v['images_per_s'][0]:.1f} -> {v['images_per_s'][1]:.1f}; "
-                     + ("outside the noise" if v["outside_noise"] else "within the noise") + f"); {v['profile']}")
+                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
+                     f"rounds (each {rounds}; baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "
+                     + "/".join(f"{x:.1f}" for x in changed) + f" images/s; run-to-run noise +/-{v['noise'] or 0:.2f}: "
+                     + judged + f"); {v['profile']}")
     if s.get("headspace"):
         h = s["headspace"]
         lines.append(f"headspace: {h['images_per_s']:.1f} images/s with batches replayed from memory "
