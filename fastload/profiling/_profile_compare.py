@@ -144,7 +144,8 @@ def compare_profiles(a: dict[str, Any], b: dict[str, Any], *, names: tuple[str, 
     else:
         noise = 2 * cmp["step_diff_se_s"] * 1e3
         lines.append(f"mean step {cmp['step_diff_s'] * 1e3:+.1f} ms (B - A), noise +/-{noise:.1f} ms (2 standard "
-                     "errors): " + ("the difference is outside the noise" if cmp["outside_noise"]
+                     "errors of the steps within each run; drift of the machine's load between the runs is not "
+                     "in it: rerun both to check): " + ("the difference is outside the noise" if cmp["outside_noise"]
                                    else "within the noise: measure more steps to tell them apart"))
     if a.get("verdict") != b.get("verdict"):
         lines += [f"verdict A: {a.get('verdict')}", f"verdict B: {b.get('verdict')}"]

@@ -29,9 +29,9 @@ perfect-loader bound
 what the CPUs can load: ``P`` CPUs over the batch's measured CPU time, ``T * P / (t_b * cpu share)``; a
 change predicted to gain under 2% is not offered. ``backend="threads"``: loader threads share the GIL
 and this process's CPUs with the training loop, which the worker model (processes) does not describe;
-no gain is predicted for a thread count, and the other changes carry only their upper bound (``bound``). The figures and the
-assumptions behind them (the CPUs available are the affinity/quota count, other users' load is
-not subtracted) are in docs/profile-advice.md.
+no gain is predicted for a thread count, and the other changes carry only their upper bound
+(``bound``). The figures and the assumptions behind them (the CPUs available are the affinity/quota
+count, other users' load is not subtracted) are in docs/profile-advice.md.
 
 Must not: run anything, import torch.
 """
