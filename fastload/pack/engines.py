@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ConvertError, MissingDependencyError
-from fastload.pack.convert import ConvertOptions, ConvertReport, _differences
+from fastload.pack.convert import ConvertOptions, ConvertReport, _differences, _name_salvaged
 from fastload.pack.sources import Source, open_any_source
 from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt
@@ -251,6 +251,8 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
                 else:
                     reason = value.reason if isinstance(value, Rejected) else str(value)
                     chunk.skipped.append({"relpath": rel, "reason": reason})
+                if ok and isinstance(value, Prepared | Rejected):
+                    chunk.note(path=rel, salvaged=getattr(value, "salvaged", None), warnings=value.warnings)
                 pending_files += 1
                 if chunk.stored >= job.chunk_size:
                     flush()
@@ -484,6 +486,7 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     manifest = _manifest(ordered, src.classes, record, source_desc)
     _write_text(dst, MANIFEST_NAME, manifest.to_json())  # last: the store is complete from here on
     _fill_from_manifest(report, manifest)
+    _name_salvaged(report, f"{dst}/{MANIFEST_NAME} (counts.salvaged)")
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -499,6 +502,8 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
     canon: Counter = Counter()
     reenc: Counter = Counter()
     skipped: list[dict[str, str]] = []
+    salvaged: list[dict[str, str]] = []
+    decoder_warnings: list[dict[str, Any]] = []
     psnr_count = 0
     psnr_min: list[float] = []
     for r in results:
@@ -506,6 +511,8 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
         start += r.stored
         h = r.header
         skipped += h["skipped"]
+        salvaged += h.get("salvaged", [])  # absent from shards written before it was recorded
+        decoder_warnings += h.get("decoder_warnings", [])
         canon.update(h["canonicalised"])
         reenc.update(h.get("reencoded", {}))
         lossy = h.get("lossy", {})
@@ -517,7 +524,8 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
                                                                               for r in results),
               "reencoded_reasons": dict(sorted(reenc.items())),
               "lossy": {"count": psnr_count, "psnr_min": min(psnr_min) if psnr_min else None},
-              "bytes": sum(r.header["bytes"] for r in results)}
+              "bytes": sum(r.header["bytes"] for r in results),
+              "salvaged": salvaged, "decoder_warnings": decoder_warnings}
     return Manifest(MANIFEST_VERSION, tuple(entries), tuple(classes), start, dict(record, source=source), counts)
 
 
@@ -531,6 +539,8 @@ def _fill_from_manifest(report: ConvertReport, manifest: Manifest) -> None:
     report.reencoded_reasons = dict(c.get("reencoded_reasons", {}))
     report.lossy = dict(c.get("lossy", {}))
     report.bytes_stored = int(c.get("bytes", 0))
+    report.salvaged = list(c.get("salvaged", []))
+    report.decoder_warnings = list(c.get("decoder_warnings", []))
 
 
 def require_ray():
