@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.errors import ConvertError, MissingDependencyError
+from fastload.errors import ConvertError, MissingDependencyError, SourceReadError
 from fastload.pack.convert import ConvertOptions, ConvertReport, _differences
 from fastload.pack.sources import Source, open_any_source
 from fastload.pack.work import PrepareOptions, Prepared, Rejected
@@ -248,6 +248,8 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
                               stored_as=value.stored_as, reason=value.reason, path=rel, nbytes=len(value.data),
                               psnr=value.psnr)
                     pending_bytes += value.source_bytes
+                elif not ok and getattr(value, "io", False):
+                    raise _read_failed(shard.files[j][0], value, shard.name)
                 else:
                     reason = value.reason if isinstance(value, Rejected) else str(value)
                     chunk.skipped.append({"relpath": rel, "reason": reason})
@@ -274,6 +276,15 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read_failed(location: str, reason: str, shard: str | None = None) -> SourceReadError:
+    """A source file that could not be read (I/O, not a bad image): the shard fails, nothing is
+    published, and a retry or a rerun reads it again. Recording it as skipped would lose it for good."""
+    where = f" (shard {shard} not published)" if shard else ""
+    return SourceReadError(f"{location}: reading it failed: {reason}{where}\nHINT: a transient failure "
+                           "(throttling, a reset connection, expired credentials, a disk error): fix the cause and "
+                           "rerun the same command; published shards are kept, only missing ones are redone.")
 
 
 def _remove_stale_scratch(folder: str | None) -> None:

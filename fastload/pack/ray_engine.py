@@ -62,7 +62,10 @@ def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_
                 self.files = self.bytes = 0
                 return files, nbytes, sum(n - 1 for n in self.attempts.values())
 
-        @ray.remote(num_cpus=1, max_retries=engine.max_retries, retry_exceptions=False)
+        from fastload.errors import SourceReadError
+
+        # a source read that failed (throttling, a reset, a disk error) is retried like a dead worker
+        @ray.remote(num_cpus=1, max_retries=engine.max_retries, retry_exceptions=[SourceReadError])
         def _shard_task(shard, job, reporter):
             reporter.attempt.remote(shard.index)
             return convert_shard(shard, job, lambda f, b: reporter.add.remote(f, b))

@@ -116,3 +116,33 @@ def test_cli_refuses_contradicting_shard_options(tiny_tree, tmp_path):
     r = run("--engine", "local", "--shard-size", "40KB", "--workers", "1", "--lossless")
     assert r.exit_code == 0 and "stored 24 of 24 images" in r.output
     assert len(json.loads((tmp_path / "dst" / "manifest.json").read_text())["shards"]) > 3
+
+
+def _six_file_tree(tiny_tree: Path, tree: Path) -> Path:
+    """2 classes x 3 files of ``tiny_tree``; the second file of each class is named flaky_*."""
+    import shutil
+
+    for c in sorted(p.name for p in tiny_tree.iterdir() if p.is_dir())[:2]:
+        (tree / c).mkdir(parents=True)
+        for k, f in enumerate(sorted((tiny_tree / c).glob("*.jpg"))[:3]):
+            shutil.copyfile(f, tree / c / (f"flaky_{f.name}" if k == 1 else f"a{k}_{f.name}"))
+    return tree
+
+
+def test_source_read_error_fails_the_shard_and_a_rerun_completes_it(tiny_tree, tmp_path, monkeypatch):
+    from fastload.errors import SourceReadError
+
+    tree = _six_file_tree(tiny_tree, tmp_path / "tree")
+    ref, dst = tmp_path / "ref", tmp_path / "dst"
+    convert_sharded(tree, ref, OPTS, EngineOptions(num_shards=2))
+    fault = tmp_path / "fault"
+    fault.touch()
+    monkeypatch.setenv("FASTLOAD_TEST_FAULT", str(fault))
+    with pytest.raises(SourceReadError, match=r"flaky_.*reading it failed: RemoteStoreError.*SlowDown"):
+        convert_sharded(tree, dst, OPTS, EngineOptions(num_shards=2), handler="flaky_read_handler:prepare_item")
+    assert not (dst / "manifest.json").exists()  # not sealed with the files missing
+    assert not [p for p in dst.iterdir() if p.name.startswith("shard-")]  # no shard published without them
+    fault.unlink()  # the throttling is over: the same command finishes, with every file
+    report = convert_sharded(tree, dst, OPTS, EngineOptions(num_shards=2), handler="flaky_read_handler:prepare_item")
+    assert (report.stored, report.skipped) == (6, [])
+    assert _files(dst) == _files(ref)
