@@ -42,7 +42,7 @@ class ContainerSource(Source):
 
     locations: dict[str, str] = field(default_factory=dict, repr=False)
     member_sizes: dict[str, int] = field(default_factory=dict, repr=False)
-    containers: tuple[tuple[str, int], ...] = ()  # (path or URL, size): what the fingerprint covers
+    containers: tuple[tuple[str, int, str], ...] = ()  # (path or URL, size, version): the fingerprint covers them
 
     def abspath(self, relpath: str) -> str:
         return self.locations[relpath]
@@ -54,24 +54,31 @@ class ContainerSource(Source):
         h = hashlib.sha256()
         h.update(self.kind.encode())
         h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
-        for name, size in self.containers:
-            h.update(f"\n{name}\0{size}".encode("utf-8", "surrogateescape"))
+        for name, size, version in self.containers:  # version: ETag / last-modified, local mtime
+            h.update(f"\n{name}\0{size}\0{version}".encode("utf-8", "surrogateescape"))
         for i in range(len(self.items)) if indices is None else indices:
             rel, label = self.items[i]
             h.update(f"\n{rel}\0{label}\0{self.member_sizes.get(rel, -1)}".encode("utf-8", "surrogateescape"))
         return h.hexdigest()
 
 
-def _containers(path: str, suffix: str) -> list[tuple[str, int]]:
+def _containers(path: str, suffix: str) -> list[tuple[str, int, str]]:
+    """``(path or URL, size, version)`` of the container files: version is the object's ETag (else
+    last-modified) or the local file's mtime, so one overwritten with same-size bytes is noticed."""
     if remote.is_remote(path):
         if path.rstrip("/").endswith(suffix):
-            size = remote.head(path)
-            return [] if size is None else [(path, size)]
-        return [(u, s) for u, s in remote.list_prefix(path) if u.endswith(suffix)]
+            found = remote.stat(path)
+            return [] if found is None else [(path, found[0], found[1])]
+        return [(u, s, v) for u, s, v in remote.list_objects(path) if u.endswith(suffix)]
     p = Path(path)
+
+    def local(q: Path) -> tuple[str, int, str]:
+        st = q.stat()
+        return str(q.resolve()), st.st_size, str(st.st_mtime_ns)
+
     if p.is_file():
-        return [(str(p.resolve()), p.stat().st_size)] if p.name.endswith(suffix) else []
-    return [(str(q.resolve()), q.stat().st_size) for q in sorted(p.glob(f"*{suffix}"))]
+        return [local(p)] if p.name.endswith(suffix) else []
+    return [local(q) for q in sorted(p.glob(f"*{suffix}"))]
 
 
 def is_container_source(path: str) -> str | None:
@@ -81,7 +88,7 @@ def is_container_source(path: str) -> str | None:
         if text.endswith(suffix):
             return kind
     if remote.is_remote(text):
-        names = [u for u, _ in remote.list_prefix(text)]
+        names = [u for u, _, _ in remote.list_objects(text)]
         if names and all(u.endswith(".tar") for u in names):
             return "webdataset"
         if names and all(u.endswith(".parquet") for u in names):
@@ -108,7 +115,7 @@ def _webdataset(path: str) -> ContainerSource:
     items: list[tuple[str, int]] = []
     locations: dict[str, str] = {}
     sizes: dict[str, int] = {}
-    for tar, _ in tars:
+    for tar, _, _ in tars:
         name = tar.rsplit("/", 1)[-1]
         images: dict[str, tarfile.TarInfo] = {}
         labels: dict[str, tarfile.TarInfo] = {}
@@ -174,7 +181,7 @@ def _parquet(path: str) -> ContainerSource:
     locations: dict[str, str] = {}
     sizes: dict[str, int] = {}
     names: list[str] | None = None
-    for loc, _ in files:
+    for loc, _, _ in files:
         fname = loc.rsplit("/", 1)[-1]
         with _open(loc) as f:
             pf = pq.ParquetFile(f)

@@ -372,6 +372,13 @@ def _write_text(dst: str, name: str, text: str) -> None:
     os.replace(tmp, Path(dst) / name)
 
 
+def _changed_shard(src: Source, order: list[int], shard: ShardSpec, entry: dict) -> str:
+    """One line naming a shard whose files changed (size, ETag/last-modified or mtime) since the plan."""
+    first, last = shard.files[0][1], shard.files[-1][1]
+    return (f"\n  changed: a file of {shard.name} ({first} .. {last}) has another size, ETag or modification "
+            "time than when it was planned (overwritten since?)")
+
+
 def _check_dst_free(dst: str) -> None:
     """A new local DST must be empty or absent (a remote prefix is checked by listing)."""
     if remote.is_remote(dst):
@@ -420,7 +427,8 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     source_desc = {"kind": src.kind, "path": str(src.path), "classes": src.classes, "fingerprint": fingerprint,
                    "count": len(src)}
     build = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "source": source_desc, "options": record}
-    plan = {"build": build, "shards": [{"name": s.name, "first": s.first, "files": len(s.files)} for s in shards]}
+    plan = {"build": build, "shards": [{"name": s.name, "first": s.first, "files": len(s.files),
+                                        "fp": src.fingerprint(order[s.first:s.first + len(s.files)])} for s in shards]}
     report = ConvertReport(dst=Path(dst) if not remote.is_remote(dst) else dst, source=str(src.path),  # type: ignore[arg-type]
                            total=len(order), warnings=list(src.warnings))
 
@@ -431,8 +439,12 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     else:
         have = json.loads(old)
         diff = _differences(have["build"], build, contents=True)
-        if not diff and have["shards"] != plan["shards"]:
+        layout = [{k: v for k, v in e.items() if k != "fp"} for e in have["shards"]]
+        if not diff and layout != [{k: v for k, v in e.items() if k != "fp"} for e in plan["shards"]]:
             diff = f"  shards: {len(have['shards'])} planned vs now {len(plan['shards'])}"
+        elif "were added, removed or changed" in diff and len(layout) == len(shards):
+            diff += "".join(_changed_shard(src, order, s, e) for s, e in zip(shards, have["shards"])
+                            if e.get("fp") not in (None, plan["shards"][s.index]["fp"]))
         if diff:
             raise ConvertError(f"{dst} holds a conversion with other inputs:\n{diff}\n"
                                "HINT: rerun with the original source and options to finish it, or choose another DST.")
