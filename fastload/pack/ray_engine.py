@@ -10,17 +10,53 @@ Must not: decide placement or write stores (``engines.py`` does).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from fastload.errors import ConvertError
 
-__all__ = ["run_on_ray"]
+__all__ = ["run_on_ray", "connect", "import_ray", "start_local"]
 
 
-def _ray():
+_LOCAL_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def import_ray(*, local: bool):
+    """Import Ray; ``local``: for a cluster fastload starts on this machine, so "clusters" are switched
+    off first (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, which Ray reads when imported and every process
+    it starts inherits): Ray then keeps a 127.0.0.1 node address instead of replacing it with the
+    machine's routable one (docs/convert-at-scale.md, "Ray on loopback")."""
+    import sys
+
     from fastload.pack.engines import require_ray
 
+    if local:
+        os.environ[_LOCAL_ENV] = "0"
+        constants = sys.modules.get("ray._private.ray_constants")
+        if constants is not None:  # imported earlier in this process: the value was read already
+            constants.ENABLE_RAY_CLUSTER = False
     return require_ray()
+
+
+def start_local(ray) -> None:
+    """Start a local cluster advertised on 127.0.0.1 only (after ``import_ray(local=True)``)."""
+    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+
+
+def connect(engine):
+    """Join ``engine.address``, or start a local loopback cluster, unless this process is connected
+    already; returns ``(ray, started_here)``. Ray is not imported before the environment is set."""
+    import sys
+
+    loaded = sys.modules.get("ray")
+    if loaded is not None and loaded.is_initialized():
+        return loaded, False
+    ray = import_ray(local=engine.address is None)
+    if engine.address is None:
+        start_local(ray)
+    else:
+        ray.init(address=engine.address, log_to_driver=False, configure_logging=False)
+    return ray, True
 
 
 def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_done: Callable, stats: dict) -> None:
@@ -29,20 +65,9 @@ def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_
     Raises:
         ConvertError: a shard failed after its retries (the message names it and why).
     """
-    import os
-
-    ray = _ray()
     from fastload.pack.engines import convert_shard
 
-    started_here = False
-    if not ray.is_initialized():
-        if engine.address is None:
-            # a local cluster on this machine, advertised on loopback (docs/convert-at-scale.md)
-            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
-        else:
-            ray.init(address=engine.address, log_to_driver=False, configure_logging=False)
-        started_here = True
+    ray, started_here = connect(engine)
     try:
         @ray.remote
         class _Progress:
