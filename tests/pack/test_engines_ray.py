@@ -33,20 +33,24 @@ def test_ray_equals_local(ray_cluster, tiny_tree, tmp_path):
 def test_task_killed_mid_shard_is_retried_and_store_identical(ray_cluster, tiny_tree, tmp_path):
     tree = tmp_path / "tree"
     shutil.copytree(tiny_tree, tree)
-    first = sorted((tree / sorted(p.name for p in tree.iterdir() if p.is_dir())[1]).glob("*.jpg"))[0]
-    shutil.copyfile(first, first.with_name("die_once.jpg"))  # in shard 1 of 3, mid-way through it
+    files = sorted((tree / sorted(p.name for p in tree.iterdir() if p.is_dir())[1]).iterdir())
+    victim = files[3].with_name(files[3].stem + "~die_once.jpg")  # sorts between files[3] and files[4]
+    shutil.copyfile(files[0], victim)  # 25 files, shards of 8/8/9: the 5th file of shard 1, mid-shard
+    opts = ConvertOptions(progress=False, lossless=True, workers=1, chunk_size=2)  # 2 chunks committed by then
     ref = tmp_path / "ref"
-    convert_sharded(tree, ref, OPTS, EngineOptions(num_shards=3))
+    convert_sharded(tree, ref, opts, EngineOptions(num_shards=3))
     dst, scratch = tmp_path / "dst", tmp_path / "scratch"
     scratch.mkdir()
-    report = convert_sharded(tree, dst, OPTS, EngineOptions(engine="ray", num_shards=3, max_retries=2,
+    report = convert_sharded(tree, dst, opts, EngineOptions(engine="ray", num_shards=3, max_retries=2,
                                                             scratch=str(scratch)),
                              handler="die_once_handler:prepare_item")
-    assert (tree / first.parent.name / "die_once.jpg.killed").exists()  # the task really died once
+    marker = victim.with_name(victim.name + ".killed")
+    assert marker.exists()  # the task really died once
+    assert int(marker.read_text()) >= 4  # ... with a half-written shard in scratch (samples committed)
     assert report.stored == 25
     assert _files(dst) == _files(ref)
     assert not [p for p in dst.iterdir() if p.name.startswith(".")]  # no half shard left behind
-    convert_sharded(tree, tmp_path / "again", OPTS, EngineOptions(num_shards=3, scratch=str(scratch)))
+    convert_sharded(tree, tmp_path / "again", opts, EngineOptions(num_shards=3, scratch=str(scratch)))
     assert list(scratch.iterdir()) == []  # the killed attempt's scratch was removed by the next shard
 
 
