@@ -83,8 +83,11 @@ class EngineOptions:
         address: the Ray cluster (``"auto"``, ``"ray://HOST:PORT"``); None starts a local one.
         num_shards: exactly this many shards (by file count); None sizes them by ``shard_bytes``.
         shard_bytes: target bytes of source files per shard (default 64 MB).
-        max_retries: Ray retries of a shard task whose worker died.
+        max_retries: Ray retries of a shard task whose worker died (or whose source read failed).
         scratch: local folder for shards being written (default: the system's temporary folder).
+        shared_fs: with ``address``: a local SRC and DST are on a filesystem every node of the cluster
+            mounts at the same path. Without it, ``address`` needs object-store URLs for both (a task
+            on another machine cannot read this machine's SRC, and would publish into its own DST).
     """
 
     engine: str = "local"
@@ -93,6 +96,7 @@ class EngineOptions:
     shard_bytes: int = DEFAULT_SHARD_BYTES
     max_retries: int = 3
     scratch: str | None = None
+    shared_fs: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -372,6 +376,20 @@ def _write_text(dst: str, name: str, text: str) -> None:
     os.replace(tmp, Path(dst) / name)
 
 
+def _check_cluster_paths(source: str, dst: str, engine: EngineOptions) -> None:
+    """A cluster joined by address may run shards on other machines: local paths need --shared-fs."""
+    if engine.engine != "ray" or engine.address is None or engine.shared_fs:
+        return
+    local = [f"{what} {p}" for what, p in (("SRC", source), ("DST", dst)) if not remote.is_remote(p)]
+    if local:
+        raise ConvertError(
+            f"--address {engine.address}: {' and '.join(local)} {'is a local path' if len(local) == 1 else 'are local paths'}"
+            ", but shard tasks may run on other machines of the cluster, which cannot read this machine's SRC "
+            "and would publish shards into their own DST.\nHINT: use s3:// (gs://, az://) URLs for SRC and DST, "
+            "or pass --shared-fs if both are on a filesystem every node mounts at the same path; nothing was "
+            "written.")
+
+
 def _changed_shard(src: Source, order: list[int], shard: ShardSpec, entry: dict) -> str:
     """One line naming a shard whose files changed (size, ETag/last-modified or mtime) since the plan."""
     first, last = shard.files[0][1], shard.files[-1][1]
@@ -413,6 +431,7 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     from tqdm import tqdm
 
     t0 = time.perf_counter()
+    _check_cluster_paths(str(source), str(dst), engine)
     dst = str(dst).rstrip("/") if remote.is_remote(str(dst)) else str(Path(dst).resolve())
     src = open_any_source(source, exclude=() if remote.is_remote(dst) else (Path(dst),),
                           num_classes=options.num_classes)
@@ -477,6 +496,14 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
                             refresh=False)
 
     def shard_done(result: ShardResult) -> None:
+        if not remote.is_remote(dst):  # published where this driver sees it? (a task ran on another machine)
+            data = Path(dst) / result.name / SHARD_FILE
+            if not data.is_file() or data.stat().st_size != result.bytes:
+                raise ConvertError(
+                    f"{data}: shard {result.name} was reported published, but this machine does not see it "
+                    f"({'missing' if not data.is_file() else f'{data.stat().st_size} bytes, not {result.bytes}'}): "
+                    "its task ran where DST is another folder.\nHINT: DST must be one filesystem every node mounts at "
+                    "the same path (--shared-fs), or use an s3:// (gs://, az://) DST; the manifest was not written.")
         results[result.index] = result
         stats["shards"] += 1
         progress(0, 0)

@@ -146,3 +146,33 @@ def test_source_read_error_fails_the_shard_and_a_rerun_completes_it(tiny_tree, t
     report = convert_sharded(tree, dst, OPTS, EngineOptions(num_shards=2), handler="flaky_read_handler:prepare_item")
     assert (report.stored, report.skipped) == (6, [])
     assert _files(dst) == _files(ref)
+
+
+def test_address_with_a_local_src_or_dst_needs_shared_fs(tiny_tree, tmp_path):
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    dst = tmp_path / "dst"
+    for args in ([str(tiny_tree), str(dst)], [str(tiny_tree), "s3://bucket/x"]):
+        r = CliRunner().invoke(main, ["convert", *args, "--engine", "ray", "--address", "ray://127.0.0.1:1", "-q"])
+        assert r.exit_code == 2 and "--shared-fs" in r.output and "other machines" in r.output, r.output
+    r = CliRunner().invoke(main, ["convert", str(tiny_tree), str(dst), "--shared-fs", "-q"])
+    assert r.exit_code == 2 and "only means something with --engine ray --address" in r.output
+    with pytest.raises(ConvertError, match=r"(?s)SRC .* and DST .* are local paths.*--shared-fs"):
+        convert_sharded(tiny_tree, dst, OPTS, EngineOptions(engine="ray", address="ray://127.0.0.1:1"))
+    assert not dst.exists()  # refused before anything was written or any cluster joined
+
+
+def test_a_shard_published_where_the_driver_cannot_see_it_is_not_counted(tiny_tree, tmp_path, monkeypatch):
+    import fastload.pack.engines as engines
+
+    elsewhere = tmp_path / "other-machine"
+    real = engines._publish
+    # as a task on another machine does with a local DST: its rename lands in that machine's folder
+    monkeypatch.setattr(engines, "_publish", lambda data, dst, name: real(data, str(elsewhere), name))
+    dst = tmp_path / "dst"
+    with pytest.raises(ConvertError, match=r"shard-00000-of-00002 was reported published, but this machine does "
+                                           r"not see it \(missing\)"):
+        convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
+    assert not (dst / "manifest.json").exists()

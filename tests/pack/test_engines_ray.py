@@ -88,7 +88,8 @@ def test_cli_joins_a_running_cluster_with_address(ray_cluster, tiny_tree, tmp_pa
     root = str(Path(__file__).parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-m", "fastload.cli", "convert", str(tiny_tree), str(tmp_path / "dst"),
-                          "--engine", "ray", "--address", ray_cluster, "--num-shards", "2", "--lossless", "-q"],
+                          "--engine", "ray", "--address", ray_cluster, "--shared-fs", "--num-shards", "2", "--lossless",
+                          "-q"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "stored 24 of 24 images" in out.stdout
