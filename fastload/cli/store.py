@@ -67,8 +67,8 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
 def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
-            shard_index, engine, address, shared_fs, shard_size, strict, workers, max_pixels, chunk_size, max_file_bytes,
-            follow_symlinks, num_classes, quiet) -> None:
+            shard_index, engine, address, shared_fs, shard_size, strict, workers, max_pixels, chunk_size,
+            max_file_bytes, follow_symlinks, num_classes, quiet) -> None:
     """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
 
     Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.

@@ -383,8 +383,8 @@ def _check_cluster_paths(source: str, dst: str, engine: EngineOptions) -> None:
     local = [f"{what} {p}" for what, p in (("SRC", source), ("DST", dst)) if not remote.is_remote(p)]
     if local:
         raise ConvertError(
-            f"--address {engine.address}: {' and '.join(local)} {'is a local path' if len(local) == 1 else 'are local paths'}"
-            ", but shard tasks may run on other machines of the cluster, which cannot read this machine's SRC "
+            f"--address {engine.address}: {' and '.join(local)} "
+            f"{'is a local path' if len(local) == 1 else 'are local paths'}, but shard tasks may run on other machines of the cluster, which cannot read this machine's SRC "
             "and would publish shards into their own DST.\nHINT: use s3:// (gs://, az://) URLs for SRC and DST, "
             "or pass --shared-fs if both are on a filesystem every node mounts at the same path; nothing was "
             "written.")
