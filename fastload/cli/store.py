@@ -50,7 +50,8 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
               help="With --address: a local SRC and DST are on a filesystem every node mounts at the same path "
                    "(without it, --address needs s3:// gs:// az:// SRC and DST).")
 @click.option("--shard-size", default=None,
-              help="Sharded store: target source bytes per shard, e.g. 64MB (the default unless --num-shards).")
+              help="Sharded store: target source bytes per shard; MB/GB decimal (64MB = 64,000,000 bytes), MiB/GiB "
+                   "binary (64MiB = 67,108,864) [default: 64MiB, unless --num-shards].")
 @click.option("--strict", is_flag=True, help="Stop at the first unreadable file instead of skipping it.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Validation processes [default: the CPUs this process may use].")

@@ -53,16 +53,17 @@ __all__ = ["EngineOptions", "ShardSpec", "ShardJob", "ShardResult", "plan_shards
            "convert_sharded", "ENGINES", "parse_size"]
 
 ENGINES = ("local", "ray")
-DEFAULT_SHARD_BYTES = 64 << 20
+DEFAULT_SHARD_BYTES = 64 << 20  # 64 MiB (67,108,864 bytes): the help and docs say so
 _HANDLER = "fastload.pack.work:prepare_item"
 _FORWARD_ENV = ("AWS_", "GOOGLE_", "AZURE_")
 
 
 def parse_size(text: str) -> int:
-    """``"64MB"``, ``"512k"``, ``"1GiB"``, ``"1000"`` -> bytes (decimal units; ``i`` forms binary)."""
+    """``"64MB"``, ``"512k"``, ``"1GiB"``, ``"1000"`` -> bytes: ``K``/``KB``, ``M``/``MB``, ``G``/``GB`` are
+    decimal (``64MB`` = 64,000,000), ``Ki``/``KiB``, ``Mi``/``MiB``, ``Gi``/``GiB`` binary (``64MiB`` = 2**26)."""
     t = text.strip().upper().replace(" ", "")
     units = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+             "KI": 2**10, "KIB": 2**10, "MI": 2**20, "MIB": 2**20, "GI": 2**30, "GIB": 2**30}
     num = t.rstrip("KMGIB")
     unit = t[len(num):]
     try:
@@ -70,7 +71,7 @@ def parse_size(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0:
-        raise ValueError(f"not a size: {text!r} (examples: 64MB, 512KB, 1GiB)")
+        raise ValueError(f"not a size: {text!r} (examples: 64MB = 64,000,000 bytes, 64MiB = 2**26, 512KB, 1GiB)")
     return int(value * units[unit])
 
 
@@ -82,7 +83,7 @@ class EngineOptions:
         engine: ``"local"`` (this machine's process pool) or ``"ray"`` (one Ray task per shard).
         address: the Ray cluster (``"auto"``, ``"ray://HOST:PORT"``); None starts a local one.
         num_shards: exactly this many shards (by file count); None sizes them by ``shard_bytes``.
-        shard_bytes: target bytes of source files per shard (default 64 MB).
+        shard_bytes: target bytes of source files per shard (default 64 MiB, 2**26).
         max_retries: Ray retries of a shard task whose worker died (or whose source read failed).
         scratch: local folder for shards being written (default: the system's temporary folder).
         shared_fs: with ``address``: a local SRC and DST are on a filesystem every node of the cluster
@@ -325,6 +326,7 @@ def _publish(data: Path, dst: str, name: str) -> None:
         except OSError:
             if not (final / SHARD_FILE).is_file():
                 raise
+        _fsync_dir(Path(dst))
     except OSError as exc:
         from fastload.store.writer import io_hint
 
@@ -372,8 +374,32 @@ def _write_text(dst: str, name: str, text: str) -> None:
         return
     Path(dst).mkdir(parents=True, exist_ok=True)
     tmp = Path(dst) / f".{name}.tmp"
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, Path(dst) / name)
+    _fsync_dir(Path(dst))  # ... and the rename too: a power cut leaves the old state or the new, whole
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_tmp(dst: str) -> None:
+    """Delete what a killed driver or task left in a local DST: ``.shard-*.tmp`` folders (a publish cut
+    short) and ``.plan.json.tmp`` / ``.manifest.json.tmp``. One driver per DST, so nothing is live."""
+    if remote.is_remote(dst) or not Path(dst).is_dir():
+        return
+    for p in Path(dst).iterdir():
+        if p.name.startswith(".shard-") and p.name.endswith(".tmp") and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name in (f".{PLAN_NAME}.tmp", f".{MANIFEST_NAME}.tmp"):
+            p.unlink(missing_ok=True)
 
 
 def _check_cluster_paths(source: str, dst: str, engine: EngineOptions) -> None:
@@ -384,7 +410,8 @@ def _check_cluster_paths(source: str, dst: str, engine: EngineOptions) -> None:
     if local:
         raise ConvertError(
             f"--address {engine.address}: {' and '.join(local)} "
-            f"{'is a local path' if len(local) == 1 else 'are local paths'}, but shard tasks may run on other machines of the cluster, which cannot read this machine's SRC "
+            f"{'is a local path' if len(local) == 1 else 'are local paths'}, but shard tasks may run on other "
+            "machines of the cluster, which cannot read this machine's SRC "
             "and would publish shards into their own DST.\nHINT: use s3:// (gs://, az://) URLs for SRC and DST, "
             "or pass --shared-fs if both are on a filesystem every node mounts at the same path; nothing was "
             "written.")
@@ -451,6 +478,7 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     report = ConvertReport(dst=Path(dst) if not remote.is_remote(dst) else dst, source=str(src.path),  # type: ignore[arg-type]
                            total=len(order), warnings=list(src.warnings))
 
+    _remove_stale_tmp(dst)
     old = _read_text(dst, PLAN_NAME)
     if old is None:
         _check_dst_free(dst)

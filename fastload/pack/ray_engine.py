@@ -71,16 +71,28 @@ def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_
     try:
         @ray.remote
         class _Progress:
+            """Files and bytes done, per shard attempt: a retried shard's earlier attempt is taken back
+            (a negative count), so the bar does not pass 100%; reports of a dead attempt are ignored."""
+
             def __init__(self) -> None:
                 self.files = self.bytes = 0
                 self.attempts: dict[int, int] = {}
+                self.counted: dict[int, tuple[int, int]] = {}
 
-            def add(self, files: int, nbytes: int) -> None:
+            def attempt(self, index: int) -> int:
+                files, nbytes = self.counted.pop(index, (0, 0))
+                self.files -= files
+                self.bytes -= nbytes
+                self.attempts[index] = self.attempts.get(index, 0) + 1
+                return self.attempts[index]
+
+            def add(self, index: int, attempt: int, files: int, nbytes: int) -> None:
+                if self.attempts.get(index) != attempt:
+                    return
+                f, b = self.counted.get(index, (0, 0))
+                self.counted[index] = (f + files, b + nbytes)
                 self.files += files
                 self.bytes += nbytes
-
-            def attempt(self, index: int) -> None:
-                self.attempts[index] = self.attempts.get(index, 0) + 1
 
             def take(self) -> tuple[int, int, int]:
                 files, nbytes = self.files, self.bytes
@@ -92,36 +104,46 @@ def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_
         # a source read that failed (throttling, a reset, a disk error) is retried like a dead worker
         @ray.remote(num_cpus=1, max_retries=engine.max_retries, retry_exceptions=[SourceReadError])
         def _shard_task(shard, job, reporter):
-            reporter.attempt.remote(shard.index)
-            return convert_shard(shard, job, lambda f, b: reporter.add.remote(f, b))
+            attempt = ray.get(reporter.attempt.remote(shard.index))
+            return convert_shard(shard, job, lambda f, b: reporter.add.remote(shard.index, attempt, f, b))
 
         reporter = _Progress.remote()
         pending = {_shard_task.remote(s, job, reporter): s for s in shards}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
-            files, nbytes, retries = ray.get(reporter.take.remote())
-            stats["retries"] = retries
-            progress(files, nbytes)
-            for ref in done:
-                shard = pending.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                    if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
-                        raise cause from None  # our own error (ConvertError, RemoteStoreError): already worded
-                    raise ConvertError(f"{job.dst}: shard {shard.name} failed: {cause}\nHINT: rerun the same "
-                                       "command: published shards are kept, only missing ones are redone.") from None
-                except ray.exceptions.RayError as exc:
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise ConvertError(
-                        f"{job.dst}: shard {shard.name} failed after {engine.max_retries} retries: {first}\n"
-                        "HINT: rerun the same command: published shards are kept, only missing ones are redone."
-                    ) from None
-                shard_done(result)
-        files, nbytes, retries = ray.get(reporter.take.remote())
-        stats["retries"] = retries
-        progress(files, nbytes)
+        try:
+            _wait_all(ray, pending, job, engine, progress, shard_done, stats, reporter)
+        except BaseException:
+            for ref in pending:  # a shard failed (or Ctrl-C): the others stop now, on a cluster that stays up too
+                ray.cancel(ref, force=True)
+            raise
     finally:
         if started_here:
             ray.shutdown()
+
+
+def _wait_all(ray, pending: dict, job, engine, progress, shard_done, stats: dict, reporter) -> None:
+    """Collect the shard tasks as they finish (progress every half second); the first failure raises."""
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+        files, nbytes, retries = ray.get(reporter.take.remote())
+        stats["retries"] = retries
+        progress(files, nbytes)
+        for ref in done:
+            shard = pending.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+                if isinstance(cause, Exception) and not isinstance(cause, ray.exceptions.RayError):
+                    raise cause from None  # our own error (ConvertError, RemoteStoreError): already worded
+                raise ConvertError(f"{job.dst}: shard {shard.name} failed: {cause}\nHINT: rerun the same "
+                                   "command: published shards are kept, only missing ones are redone.") from None
+            except ray.exceptions.RayError as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ConvertError(
+                    f"{job.dst}: shard {shard.name} failed after {engine.max_retries} retries: {first}\n"
+                    "HINT: rerun the same command: published shards are kept, only missing ones are redone."
+                ) from None
+            shard_done(result)
+    files, nbytes, retries = ray.get(reporter.take.remote())
+    stats["retries"] = retries
+    progress(files, nbytes)

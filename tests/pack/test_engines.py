@@ -176,3 +176,36 @@ def test_a_shard_published_where_the_driver_cannot_see_it_is_not_counted(tiny_tr
                                            r"not see it \(missing\)"):
         convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
     assert not (dst / "manifest.json").exists()
+
+
+def test_shard_size_units_and_default_are_stated_truly():
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+    from fastload.pack.engines import DEFAULT_SHARD_BYTES
+
+    assert parse_size("64MB") == 64_000_000 and parse_size("64MiB") == parse_size("64Mi") == 2**26
+    assert EngineOptions().shard_bytes == DEFAULT_SHARD_BYTES == parse_size("64MiB")
+    text = " ".join(CliRunner().invoke(main, ["convert", "--help"]).output.split())
+    assert "[default: 64MiB" in text and "64MB = 64,000,000 bytes" in text
+
+
+def test_plan_and_manifest_are_fsynced_and_stale_tmp_removed(tiny_tree, tmp_path, monkeypatch):
+    import os
+
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / ".plan.json.tmp").write_text("{")  # a driver killed while writing its plan
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
+    convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
+    for name in ("plan.json", "manifest.json"):
+        assert str(dst / f".{name}.tmp") in synced  # the file, before its rename
+    assert synced.count(str(dst)) >= 4  # the folder after each rename: plan, 2 shards, manifest
+    # a driver killed mid-publish leaves a .shard-*.tmp folder: the next run removes it
+    (dst / "manifest.json").unlink()
+    (dst / ".shard-00001-of-00002.1234abcd.tmp").mkdir()
+    (dst / ".shard-00001-of-00002.1234abcd.tmp" / "data.mdb").write_bytes(b"half")
+    convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
+    assert not [p.name for p in dst.iterdir() if p.name.startswith(".")]

@@ -3,7 +3,10 @@ also when a shard task is killed mid-shard and retried, and to and from S3 (test
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +33,7 @@ def test_ray_equals_local(ray_cluster, tiny_tree, tmp_path):
     assert len(StoreReader(on_ray)) == 24
 
 
-def test_task_killed_mid_shard_is_retried_and_store_identical(ray_cluster, tiny_tree, tmp_path):
+def test_task_killed_mid_shard_is_retried_and_store_identical(ray_cluster, tiny_tree, tmp_path, capsys):
     tree = tmp_path / "tree"
     shutil.copytree(tiny_tree, tree)
     files = sorted((tree / sorted(p.name for p in tree.iterdir() if p.is_dir())[1]).iterdir())
@@ -41,9 +44,12 @@ def test_task_killed_mid_shard_is_retried_and_store_identical(ray_cluster, tiny_
     convert_sharded(tree, ref, opts, EngineOptions(num_shards=3))
     dst, scratch = tmp_path / "dst", tmp_path / "scratch"
     scratch.mkdir()
-    report = convert_sharded(tree, dst, opts, EngineOptions(engine="ray", num_shards=3, max_retries=2,
-                                                            scratch=str(scratch)),
+    capsys.readouterr()
+    report = convert_sharded(tree, dst, dataclasses.replace(opts, progress=True),
+                             EngineOptions(engine="ray", num_shards=3, max_retries=2, scratch=str(scratch)),
                              handler="die_once_handler:prepare_item")
+    counts = re.findall(r"(\d+)/25 ", capsys.readouterr().err)
+    assert counts and counts[-1] == "25" and max(map(int, counts)) <= 25  # the killed attempt's files taken back
     marker = victim.with_name(victim.name + ".killed")
     assert marker.exists()  # the task really died once
     assert int(marker.read_text()) >= 4  # ... with a half-written shard in scratch (samples committed)
@@ -96,3 +102,18 @@ def test_cli_joins_a_running_cluster_with_address(ray_cluster, tiny_tree, tmp_pa
     local = tmp_path / "local"
     convert_sharded(tiny_tree, local, OPTS, EngineOptions(num_shards=2))
     assert _files(local) == _files(tmp_path / "dst")
+
+
+def test_a_failed_shard_cancels_the_others(ray_cluster, tiny_tree, tmp_path):
+    from fastload.errors import ConvertError
+
+    tree = tmp_path / "tree"
+    shutil.copytree(tiny_tree, tree)
+    first = sorted(p.name for p in tree.iterdir() if p.is_dir())[0]
+    shutil.copyfile(next((tree / first).glob("*.jpg")), tree / first / "0_fail_now.jpg")  # 1st file of shard 0
+    dst = tmp_path / "dst"
+    with pytest.raises(ConvertError, match="0_fail_now.jpg: reading it failed"):
+        convert_sharded(tree, dst, OPTS, EngineOptions(engine="ray", num_shards=3, max_retries=0),
+                        handler="fail_or_slow_handler:prepare_item")
+    time.sleep(12)  # the other shards needed ~8 s more (a second a file): cancelled, they publish nothing
+    assert not [p.name for p in dst.iterdir() if p.name.startswith("shard-")]
