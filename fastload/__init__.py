@@ -22,6 +22,7 @@ _EXPORTS: dict[str, str] = {
     "StoreVersionError": "fastload.errors",
     "ChecksumError": "fastload.errors",
     "StoreDamagedError": "fastload.errors",
+    "StoreChangedError": "fastload.errors",
     "StoreLockedError": "fastload.errors",
     "ConvertError": "fastload.errors",
     "SourceError": "fastload.errors",

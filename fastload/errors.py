@@ -8,6 +8,7 @@
     │   ├── IncompleteStoreError       conversion never finished (metadata record missing)
     │   ├── StoreVersionError          written by another fastload format version
     │   ├── StoreDamagedError          metadata or LMDB file damaged (checksum, truncated copy, LMDB error)
+    │   │   └── StoreChangedError      its data.mdb was rewritten or replaced while it was being read
     │   ├── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
     │   ├── ManifestError              a sharded store's manifest.json is unreadable or invalid
     │   └── RemoteStoreError           an object-store operation failed (names the URL: credentials,
@@ -42,6 +43,7 @@ __all__ = [
     "IncompleteStoreError",
     "StoreVersionError",
     "StoreDamagedError",
+    "StoreChangedError",
     "ChecksumError",
     "ManifestError",
     "RemoteStoreError",
@@ -86,6 +88,10 @@ class StoreVersionError(StoreError):
 
 class StoreDamagedError(StoreError):
     """Part of a store is damaged: metadata fails its checksum, the LMDB file is short or corrupt."""
+
+
+class StoreChangedError(StoreDamagedError):
+    """A store's data.mdb changed (size, inode or modification time) while a reader had it open."""
 
 
 class ConvertError(FastloadError):
@@ -161,7 +167,14 @@ class RecipeError(FastloadError, ValueError):
 
 
 class ProfileError(FastloadError):
-    """``fastload profile`` / ``fastload.profile()`` could not measure: no command, or no loader steps."""
+    """``fastload profile`` / ``fastload.profile()`` could not measure: no command, or no loader steps.
+
+    ``exit_status``: the profiled command's own exit status when it failed (``fastload profile`` exits with it).
+    """
+
+    def __init__(self, message: str = "", *, exit_status: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class MissingDependencyError(FastloadError, ImportError):

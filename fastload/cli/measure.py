@@ -122,7 +122,20 @@ def recipe_run(recipe_file: Path, out: Path | None, force: bool, steps, warmup, 
 @click.argument("b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @friendly
 def recipe_compare(a: Path, b: Path) -> None:
-    """Print two results.json side by side, stage by stage, with B/A ratios ("~": intervals overlap)."""
-    from fastload.measure.report import compare_results
+    """Print two results.json side by side, stage by stage, with B/A ratios ("~": intervals overlap).
 
-    click.echo(compare_results(json.loads(a.read_text()), json.loads(b.read_text())))
+    Two profile.json files (from `fastload profile`) are compared as `fastload profile compare` does.
+    """
+    from fastload.measure.report import compare_results
+    from fastload.profiling._profile_compare import compare_profiles, read_result_or_profile
+
+    (kind_a, ra), (kind_b, rb) = read_result_or_profile(a), read_result_or_profile(b)
+    if kind_a == kind_b == "profile":
+        click.echo(compare_profiles(ra, rb, names=(str(a), str(b))))
+        return
+    if kind_a != kind_b:
+        wrong = a if kind_a == "profile" else b
+        raise click.ClickException(f"{wrong} is a profile.json (from `fastload profile`), the other a recipe's "
+                                   "results.json: they cannot be compared\nHINT: compare two results.json, or "
+                                   "two profile.json with `fastload profile compare A/profile.json B/profile.json`")
+    click.echo(compare_results(ra, rb))

@@ -1,73 +1,62 @@
 """Torch's own DataLoader iterators, with the few hooks resume needs.
 
 Owns: subclasses of torch's ``_SingleProcessDataLoaderIter`` and
-``_MultiProcessingDataLoaderIter`` that (1) tell the loader when an epoch starts, when a
-batch is handed out and when the epoch ends or the workers shut down (so the loader can
-count batches and give back the intra-op threads it capped), (2) for an iterable dataset
-with workers, rotate the worker cycle to the worker the saved run would have read next and
-unwrap the per-worker dataset state carried with each batch; the index wrapper that
-rebuilds a resumed epoch's order; and the worker-side wrappers (``worker_init_fn``,
-``collate_fn``) that load per-worker states and seed each sample.
+``_MultiProcessingDataLoaderIter`` that (1) report to the loader's ``ResumeTracker``
+(``tracker.py``) when an epoch starts, a batch is handed out, a worker's dataset state
+arrives and the epoch ends (and give back the intra-op threads the loader capped), (2) for an
+iterable dataset with workers, rotate the worker cycle to the worker the saved run would have
+read next and unwrap the per-worker states carried with each batch; the index wrapper that
+rebuilds a resumed epoch's order; and the worker-side pieces: ``WorkerInit`` (around
+``worker_init_fn``: load a worker's saved dataset state, seed each sample) and
+``_tracked_fetch`` (torch's iterable fetch in a worker process, reporting the dataset's and its
+iterator's state with a batch, and the state a worker ended in, as torchdata does).
 
 Everything else, fetching, pinning, worker management, error propagation and the order of
 batches, is torch's code unchanged: that is what keeps ``fastload.DataLoader`` a drop-in.
 
-Must not: decide what a state contains or whether it fits (``state.py``), or touch samples.
+Must not: decide what a state contains or whether it fits (``state.py``, ``tracker.py``), or
+touch samples.
 """
 
 from __future__ import annotations
 
 import itertools
-import weakref
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, get_worker_info
+from torch.utils.data._utils import fetch as _fetch_module
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from fastload.errors import ResumeStateError
-from fastload.load.state import SampleIndex, global_order, mix_seed, rng_restore, rng_snapshot, seeded_get, segment
+from fastload.load.state import (DistributedOrder, ReplayOrder, SampleIndex, global_order, mix_seed, rng_restore,
+                                 rng_snapshot, seeded_get, segment)
+from fastload.load.tracker import EpochRecord, is_stateful
 
-
-class EpochRecord:
-    """The epoch an iterator is in: what the loader's ``state_dict()`` is built from."""
-
-    def __init__(self, epoch: int, plan: dict | None, sample_seed: int | None, loader_generator) -> None:
-        self.epoch, self.plan, self.sample_seed = epoch, plan, sample_seed
-        self.loader_generator = loader_generator
-        self.batches = 0            # yielded by this iterator (a resumed one counts from the resume)
-        self.finished = False
-        self.order: dict | None = None   # how this epoch's order is rebuilt (set at its first index)
-        self.rank_len: int | None = None  # distributed: samples this rank reads in this segment
-        self.worker_states: list | None = None
-        self.next_worker = 0
+__all__ = ["SingleIter", "MultiIter", "ResumableIndex", "WorkerInit", "WithState", "EpochRecord", "is_stateful"]
 
 
 class _Hooks:
-    """Calls into the loader; shared by both iterator classes.
+    """Reports to the loader's ``ResumeTracker``; shared by both iterator classes.
 
-    The loader is held by a weak reference: torch's iterators do not keep their loader alive,
-    and a persistent-workers loader keeps its iterator, so a strong one would make a cycle,
-    collected by whichever process runs the garbage collector next, maybe a forked worker.
+    The tracker holds its loader by a weak reference: torch's iterators do not keep their
+    loader alive, and a persistent-workers loader keeps its iterator, so a strong one would make
+    a cycle, collected by whichever process runs the garbage collector next, maybe a forked worker.
     """
 
-    _fl_ref: Any = None
-
-    @property
-    def _fl(self):
-        return self._fl_ref() if self._fl_ref is not None else None
+    _tracker: Any = None
 
     def __next__(self):
         try:
             data = super().__next__()
         except StopIteration:
-            if self._fl is not None:
-                self._fl._resume_epoch_ended(self)
+            if self._tracker is not None:
+                self._tracker.epoch_ended()
             self._give_back_threads()
             raise
-        if self._fl is not None:
-            self._fl._resume_batch_yielded(self)
+        if self._tracker is not None:
+            self._tracker.batch_yielded()
         return data
 
     _threads_before: int | None = None
@@ -88,21 +77,24 @@ class _Hooks:
 
 class SingleIter(_Hooks, _SingleProcessDataLoaderIter):
     def __init__(self, loader) -> None:
-        self._fl_ref = weakref.ref(loader)
+        self._tracker = loader._fl_resume
         super().__init__(loader)
-        loader._resume_epoch_started(self)
-        if loader._resume_seeding and self._auto_collation:
+        self._tracker.epoch_started(self)
+        if self._tracker.seeding and self._auto_collation:
             self._dataset_fetcher = _SeededFetcher(self._dataset, self._collate_fn)
+
+
+_SKIP = object()  # what _process_data returns for a worker's end-of-data report (no batch)
 
 
 class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
     def __init__(self, loader) -> None:
-        self._fl_ref = weakref.ref(loader)
+        self._tracker = loader._fl_resume
         self._rotate = 0
         super().__init__(loader)
 
     def _reset(self, loader, first_iter=False) -> None:
-        self._rotate = loader._resume_epoch_started(self)
+        self._rotate = self._tracker.epoch_started(self)
         super()._reset(loader, first_iter)
 
     def _try_put_index(self) -> None:
@@ -112,10 +104,31 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
             self._rotate = 0
         super()._try_put_index()
 
+    def _next_index(self):
+        index = super()._next_index()
+        t = self._tracker
+        if not t.iterable or t.snapshot_every == 1 or t.live is None:
+            return index
+        # torchdata's rule: a worker sends its state with the batches that may be handed out
+        # within num_workers steps before a snapshot step (a multiple of snapshot_every)
+        n, lo = t.snapshot_every, t.live.position + 1
+        hi = lo + self._num_workers * self._prefetch_factor
+        want = bool(n) and -(-lo // n) * n < hi + self._num_workers
+        return SnapIndex(index if index is not None else [], want, batched=index is not None)
+
+    def _next_data(self):
+        while True:
+            data = super()._next_data()
+            if data is not _SKIP:
+                return data
+
     def _process_data(self, data, worker_idx):
         if isinstance(data, WithState):
-            if self._fl is not None:
-                self._fl._resume_worker_state(data.worker_id, data.state)
+            self._tracker.worker_state(data.worker_id, data.state, data.iter_state, data.ended,
+                                       batch=data.is_batch)
+            if not data.is_batch:
+                super()._process_data(None, worker_idx)
+                return _SKIP
             data = data.batch
         return super()._process_data(data, worker_idx)
 
@@ -145,15 +158,24 @@ class _SeededGetItems:
 
 
 class WorkerInit:
-    """``worker_init_fn`` around the user's: load this worker's saved state, install seeding."""
+    """``worker_init_fn`` around the user's: load this worker's saved state, install seeding and
+    (iterable datasets) the per-batch state report."""
 
-    def __init__(self, user_fn, states: list | None, seeding: bool) -> None:
-        self.user_fn, self.states, self.seeding = user_fn, states, seeding
+    def __init__(self, user_fn, saved, seeding: bool, track: bool) -> None:
+        self.user_fn, self.saved, self.seeding, self.track = user_fn, saved, seeding, track
 
     def __call__(self, worker_id: int) -> None:
         info = get_worker_info()
-        if self.states is not None and self.states[worker_id] is not None:
-            info.dataset.load_state_dict(self.states[worker_id])
+        saved = self.saved
+        if saved is not None and saved.states[worker_id] is not None:
+            info.dataset.load_state_dict(saved.states[worker_id])  # 1. the dataset, before iter() makes its iterator
+        if self.track:
+            global _TRACK
+            iter_state = saved.iter_states[worker_id] if saved is not None and saved.iter_states else None
+            ended = bool(saved.ended[worker_id]) if saved is not None and saved.ended else False
+            _TRACK = _WorkerTrack(info.dataset, worker_id, saved.states[worker_id] if saved is not None else None,
+                                  iter_state, ended)
+            _fetch_module._IterableDatasetFetcher.fetch = _tracked_fetch  # this worker process's copy only
         if self.seeding:
             info.dataset.__getitems__ = _SeededGetItems(info.dataset)
         if self.user_fn is not None:
@@ -161,25 +183,96 @@ class WorkerInit:
 
 
 class WithState:
-    """A batch and the state of the worker's dataset right after producing it."""
+    """A batch and the state of the worker's dataset (and of its iterator) right after producing
+    it; or, with ``is_batch=False``, no batch: the worker's state when its data ran out."""
 
-    def __init__(self, batch, worker_id: int, state) -> None:
-        self.batch, self.worker_id, self.state = batch, worker_id, state
+    def __init__(self, batch, worker_id: int, state, iter_state, ended: bool, is_batch: bool = True) -> None:
+        self.batch, self.worker_id, self.state, self.iter_state = batch, worker_id, state, iter_state
+        self.ended, self.is_batch = ended, is_batch
 
     def pin_memory(self, device=None) -> WithState:  # torch's pin-memory thread calls this
-        return WithState(_pin(self.batch, device), self.worker_id, self.state)
+        batch = _pin(self.batch, device) if self.is_batch else None
+        return WithState(batch, self.worker_id, self.state, self.iter_state, self.ended, self.is_batch)
 
 
-class StateCollate:
-    """``collate_fn`` around the user's, in a worker: attach the dataset's state to the batch."""
+class SnapIndex(list):
+    """An iterable dataset's batch index (``[None] * batch_size``, torch's) that also says whether
+    the worker should send its state with this batch (``snapshot_every_n_steps``)."""
 
-    def __init__(self, collate_fn) -> None:
-        self.collate_fn = collate_fn
+    def __init__(self, index, snapshot: bool, batched: bool) -> None:
+        super().__init__(index)
+        self.snapshot, self.batched = snapshot, batched
 
-    def __call__(self, samples):
-        batch = self.collate_fn(samples)
-        info = get_worker_info()
-        return WithState(batch, info.id, info.dataset.state_dict())
+
+def settle_ended(fetcher, dataset, dataset_state, iter_state) -> None:
+    """Resume an iterable dataset whose state was taken after its last sample: nothing more is
+    read this epoch (torchdata's ``fetcher_ended``), and the dataset is left as it was then.
+
+    Whether the loaded state already says "nothing left" depends on the dataset: one whose
+    ``load_state_dict`` sets a start that its next ``iter()`` consumes must run that iterator
+    once (or its next epoch starts at the end); one that resets itself when exhausted (the
+    torchdata tutorial's) would start over. So the iterator is asked once: if it had more, the
+    state is loaded again into a fresh iterator (one sample read and dropped, at resume only).
+    """
+    try:
+        next(fetcher.dataset_iter)
+    except StopIteration:
+        pass
+    else:
+        if dataset_state is not None:
+            dataset.load_state_dict(dataset_state)
+        fetcher.dataset_iter = iter(dataset)
+        if iter_state is not None and is_stateful(fetcher.dataset_iter):
+            fetcher.dataset_iter.load_state_dict(iter_state)
+    fetcher.ended = True
+
+
+class _WorkerTrack:
+    def __init__(self, dataset, worker_id: int, saved_state, iter_state, ended: bool) -> None:
+        self.dataset, self.worker_id, self.iter_state = dataset, worker_id, iter_state
+        self.saved_state, self.ended, self.first = saved_state, ended, True
+
+    def states(self, fetcher) -> tuple[Any, Any]:
+        """torchdata's rule: the dataset's state unless it is its own iterator, and the iterator's."""
+        it = fetcher.dataset_iter
+        ds = self.dataset.state_dict() if is_stateful(self.dataset) and it is not self.dataset else None
+        return ds, it.state_dict() if is_stateful(it) else None
+
+
+_TRACK: _WorkerTrack | None = None
+_ORIG_FETCH = _fetch_module._IterableDatasetFetcher.fetch
+
+
+def _tracked_fetch(self, possibly_batched_index):
+    """torch's iterable fetch in a worker, reporting the dataset's state with the batch."""
+    t = _TRACK
+    if t is None or self.dataset is not t.dataset:
+        return _ORIG_FETCH(self, possibly_batched_index)
+    if isinstance(possibly_batched_index, SnapIndex) and not possibly_batched_index.batched:
+        possibly_batched_index = None
+    if t.first:  # a resumed worker's first fetch: 3. its iterator, made by iter() just now
+        t.first = False
+        if t.iter_state is not None and is_stateful(self.dataset_iter):
+            self.dataset_iter.load_state_dict(t.iter_state)
+        if t.ended:
+            settle_ended(self, t.dataset, t.saved_state, t.iter_state)
+    try:
+        batch = _ORIG_FETCH(self, possibly_batched_index)
+    except StopIteration:
+        # torch sends the main process a bare "this worker ended"; the state it ended in (a
+        # dataset may reset itself once exhausted) goes first, as torchdata records it
+        if getattr(self, "_fl_end_sent", False):
+            raise
+        self._fl_end_sent = True
+        ds, it = t.states(self)
+        if ds is None and it is None:
+            raise
+        return WithState(None, t.worker_id, ds, it, True, is_batch=False)
+    if getattr(possibly_batched_index, "snapshot", True) or self.ended:
+        ds, it = t.states(self)
+        if ds is not None or it is not None:
+            return WithState(batch, t.worker_id, ds, it, bool(self.ended))
+    return batch
 
 
 def _find_distributed(index_sampler):
@@ -188,10 +281,6 @@ def _find_distributed(index_sampler):
     if type(index_sampler) is BatchSampler and isinstance(index_sampler.sampler, DistributedSampler):
         return index_sampler.sampler, index_sampler.batch_size
     return None, None
-
-
-def is_stateful(obj) -> bool:
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 class ResumableIndex:
@@ -237,23 +326,23 @@ class ResumableIndex:
         dist_sampler, per = _find_distributed(self.inner)
         if dist_sampler is not None:
             it = self._distributed(rec, plan, dist_sampler, per)
-        elif plan is not None and plan["order"] is not None:
+        elif plan is not None and plan.order is not None:
             it = self._replay(rec, plan)
         else:
             it = self._fresh(rec)
         yield from self._seeded(rec, it)
 
-    def order_now(self, rec) -> dict:
+    def order_now(self, rec) -> ReplayOrder:
         """How an epoch whose order is drawn now is rebuilt: the sampler's state and the RNG's."""
         part = self.stateful_part()
-        return {"kind": "replay", "sampler": part.state_dict() if part is not None else None,
-                "rng": rng_snapshot(self.generators(rec.loader_generator))}
+        return ReplayOrder(sampler=part.state_dict() if part is not None else None,
+                           rng=rng_snapshot(self.generators(rec.loader_generator)))
 
-    def pending_order(self, rec) -> dict | None:
+    def pending_order(self, rec) -> ReplayOrder | None:
         """``rec``'s order when its epoch started but has not drawn it yet (torch's single-process
         iterator draws at the first ``next()``), as it will be drawn; None under DistributedSampler."""
-        if rec.plan is not None and rec.plan["order"] is not None:  # resumed: the saved order
-            return rec.plan["order"]
+        if rec.plan is not None and rec.plan.order is not None:  # resumed: the saved order
+            return rec.plan.order
         return None if _find_distributed(self.inner)[0] is not None else self.order_now(rec)
 
     def _fresh(self, rec):
@@ -263,13 +352,13 @@ class ResumableIndex:
 
     def _replay(self, rec, plan):
         gens = self.generators(rec.loader_generator)
-        order, skip = plan["order"], plan["batches"]
+        order, skip = plan.order, plan.batches
         user = rng_snapshot({"global": gens["global"]})
         try:  # draw the saved epoch's order from the saved RNG state
-            rng_restore(gens, order["rng"])
+            rng_restore(gens, order.rng)
             part = self.stateful_part()
-            if part is not None and order["sampler"] is not None:
-                part.load_state_dict(order["sampler"])
+            if part is not None and order.sampler is not None:
+                part.load_state_dict(order.sampler)
             it = iter(self.inner)
             first = list(itertools.islice(it, skip + 1))
         finally:
@@ -284,34 +373,34 @@ class ResumableIndex:
         yield from it
 
     def _distributed(self, rec, plan, sampler, per):
-        o = plan["order"] if plan is not None else None
+        o = plan.order if plan is not None else None
         if o is None:
             if rec is not None:
-                rec.order = {"kind": "distributed", "start": 0, "world": sampler.num_replicas, "consumed": 0,
-                             "shuffle": sampler.shuffle, "drop_last": sampler.drop_last}
+                rec.order = DistributedOrder(start=0, world=sampler.num_replicas, consumed=0,
+                                             shuffle=sampler.shuffle, drop_last=sampler.drop_last)
                 rec.rank_len = len(sampler)
             yield from self.inner
             return
-        if sampler.epoch != plan["epoch"]:
+        if sampler.epoch != plan.epoch:
             raise ResumeStateError(
-                f"loader state was saved in epoch {plan['epoch']} of the DistributedSampler, but its "
-                f"set_epoch({sampler.epoch}) was called.\nHINT: call sampler.set_epoch({plan['epoch']}) before "
+                f"loader state was saved in epoch {plan.epoch} of the DistributedSampler, but its "
+                f"set_epoch({sampler.epoch}) was called.\nHINT: call sampler.set_epoch({plan.epoch}) before "
                 "iterating the resumed epoch (the automatic sampler does it for you).")
         for field in ("shuffle", "drop_last"):
-            if o[field] != getattr(sampler, field):
+            if getattr(o, field) != getattr(sampler, field):
                 raise ResumeStateError(
-                    f"loader state was saved with DistributedSampler({field}={o[field]}), this one has "
+                    f"loader state was saved with DistributedSampler({field}={getattr(o, field)}), this one has "
                     f"{field}={getattr(sampler, field)}.\nHINT: resume with the same {field}.")
         world = sampler.num_replicas
         perm = global_order(len(sampler.dataset), seed=sampler.seed, epoch=sampler.epoch, shuffle=sampler.shuffle)
-        if world == o["world"]:
-            start, consumed = o["start"], o["consumed"]
+        if world == o.world:
+            start, consumed = o.start, o.consumed
         else:
-            unique = len(perm) - o["start"]
-            start, consumed = o["start"] + min(o["consumed"], unique), 0
+            unique = len(perm) - o.start
+            start, consumed = o.start + min(o.consumed, unique), 0
         mine = segment(perm, start, world, sampler.drop_last)[consumed + sampler.rank::world]
-        rec.order = {"kind": "distributed", "start": start, "world": world, "consumed": consumed,
-                     "shuffle": sampler.shuffle, "drop_last": sampler.drop_last}
+        rec.order = DistributedOrder(start=start, world=world, consumed=consumed, shuffle=sampler.shuffle,
+                                     drop_last=sampler.drop_last)
         rec.rank_len = len(mine)
         if per == 1 and not isinstance(self.inner, BatchSampler):
             yield from mine

@@ -6,7 +6,7 @@ sample data), its validation (``check_state``: every mismatch is a ``ResumeState
 names the field, the saved and the current value), the dataset identity, per-sample
 augmentation seeds, and the segment arithmetic of elastic resume.
 
-The state (``version`` 1)::
+The state (``version`` 1; typed as ``LoaderState`` below, which validates every field)::
 
     format, version     "fastload.DataLoader", 1
     dataset             {"kind": "map" | "iterable", "len": n | None, "identity": str | None}
@@ -17,9 +17,18 @@ The state (``version`` 1)::
     generator           the loader's ``generator`` state now (so later epochs match), or None
     order               how the epoch's order is rebuilt (below), or None for a fresh epoch
     sample_seed         the seed of the per-sample augmentation RNG (fastload presets), or None
-    dataset_state       an iterable dataset's own ``state_dict()`` (``num_workers=0``)
-    workers             {"num_workers", "states", "next"}: per-worker dataset states
-                        (iterable dataset, ``num_workers > 0``)
+    dataset_state       an iterable dataset's own ``state_dict()`` (``num_workers=0``; None when
+                        the dataset is its own iterator: then ``fetcher.iter_state`` has it)
+    workers             {"num_workers", "states", "next", "iter_states", "ended", "replay"}:
+                        per-worker dataset and iterator states (iterable, ``num_workers > 0``)
+    fetcher             {"iter_state", "ended"} (optional): an iterable dataset's iterator state
+                        and whether it ran out (``num_workers=0``, mid-epoch)
+
+Iterable datasets follow torchdata's ``StatefulDataLoader`` (docs/resume-compat.md): the
+dataset's state is loaded before ``iter(dataset)`` and the iterator's after it; ``replay``
+counts the batches handed out since the workers' last snapshot (``snapshot_every_n_steps``),
+read again on resume. Fields added after version 1 first shipped (``fetcher``,
+``iter_states``, ``ended``, ``replay``, ``rng["loader"]``) are optional, so older states load.
 
 ``order`` is ``{"kind": "replay", "sampler": sampler_state | None, "rng": {...}}`` for every
 non-distributed sampler: the state the epoch's order was drawn from (the sampler's own
@@ -47,16 +56,19 @@ Must not: import torch's private iterator classes (``_resume_iter.py`` does), or
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.utils.data import DistributedSampler
 
 from fastload.errors import ResumeStateError
 
-__all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "dataset_identity", "mix_seed", "segment",
+__all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "DatasetFacts", "ReplayOrder",
+           "DistributedOrder", "WorkerStates", "FetcherState", "dataset_identity", "mix_seed", "segment",
            "global_order", "SampleIndex", "rng_snapshot", "rng_restore", "mismatch_error", "check_dali_state",
            "files_identity", "DALI_STATE_FORMAT"]
 
@@ -174,53 +186,338 @@ def mismatch_error(field: str, saved, current, hint: str) -> ResumeStateError:
                             f"is {current!r} now.\nHINT: {hint}")
 
 
+# ---- the typed schema: what a state holds, each field checked when a state is loaded ----------
+
+_CORRUPT_HINT = "HINT: the checkpoint was damaged or edited; resume from an earlier one."
+_GEN_STATE_BYTES: int | None = None
+
+
+def _corrupt(path: str, problem: str) -> ResumeStateError:
+    return ResumeStateError(f"corrupt fastload.DataLoader state: invalid [{path}]: {problem}.\n{_CORRUPT_HINT}")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+class _Reader:
+    """Reads one mapping of a state, naming every field it rejects by its path (``'order']['rng'``)."""
+
+    def __init__(self, sd: Any, path: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+        self.path = path
+        if not isinstance(sd, Mapping):
+            raise _corrupt(path, f"expected a dict, got {_describe(sd)}")
+        self.sd = sd
+        missing = [k for k in fields if k not in sd]
+        if missing:
+            where = f" in [{path}]" if path else ""
+            raise ResumeStateError(f"corrupt fastload.DataLoader state: missing {missing}{where}.\n{_CORRUPT_HINT}")
+        extra = sorted(str(k) for k in sd if k not in fields and k not in optional)
+        if extra:
+            raise _corrupt(path or "'<top>'", f"unknown fields {extra} (not written by fastload)")
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}][{key!r}" if self.path else repr(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.sd.get(key, default)
+
+    def int(self, key: str, *, low: int | None = 0, none: bool = False, high: int | None = None) -> int | None:
+        v = self.sd.get(key)
+        if v is None and none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _corrupt(self._name(key), f"expected an int{' or None' if none else ''}, got {_describe(v)}")
+        if (low is not None and v < low) or (high is not None and v >= high):
+            raise _corrupt(self._name(key), f"{v} is out of range [{low}, {high if high is not None else 'inf'})")
+        return v
+
+    def bool(self, key: str) -> bool:
+        v = self.sd.get(key)
+        if not isinstance(v, bool):
+            raise _corrupt(self._name(key), f"expected True or False, got {_describe(v)}")
+        return v
+
+    def str(self, key: str, *, none: bool = False, choices: tuple[str, ...] = ()) -> str | None:
+        v = self.sd.get(key)
+        if v is None and none:
+            return None
+        if not isinstance(v, str) or (choices and v not in choices):
+            want = f"one of {list(choices)}" if choices else "a str"
+            raise _corrupt(self._name(key), f"expected {want}{' or None' if none else ''}, got {_describe(v)}")
+        return v
+
+    def rng(self, key: str, *, none: bool = False, path: str | None = None) -> bytes | None:
+        """A CPU ``torch.Generator`` state: bytes of the right size that a generator accepts."""
+        global _GEN_STATE_BYTES
+        v = self.sd.get(key)
+        name = path or self._name(key)
+        if v is None and none:
+            return None
+        if not isinstance(v, (bytes, bytearray)):
+            raise _corrupt(name, f"expected the bytes of a torch.Generator state, got {_describe(v)}")
+        if _GEN_STATE_BYTES is None:
+            _GEN_STATE_BYTES = int(torch.Generator().get_state().numel())
+        if len(v) != _GEN_STATE_BYTES:
+            raise _corrupt(name, f"a torch.Generator state is {_GEN_STATE_BYTES} bytes, this one is {len(v)} "
+                                 "(truncated or padded)")
+        try:
+            torch.Generator().set_state(torch.frombuffer(bytearray(v), dtype=torch.uint8))
+        except RuntimeError as exc:
+            raise _corrupt(name, f"torch rejects it as a generator state ({exc})") from None
+        return bytes(v)
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """What the state says about the dataset: checked against the loader's at load."""
+
+    kind: str                # "map" | "iterable"
+    len: int | None
+    identity: str | None
+
+    @classmethod
+    def read(cls, sd: Any) -> DatasetFacts:
+        r = _Reader(sd, "'dataset'", ("kind", "len", "identity"))
+        return cls(kind=r.str("kind", choices=("map", "iterable")), len=r.int("len", none=True),
+                   identity=r.str("identity", none=True))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "len": self.len, "identity": self.identity}
+
+
+@dataclass(frozen=True)
+class ReplayOrder:
+    """A non-distributed epoch's order: the sampler's own state and torch's RNG states just
+    before it drew (``rng``: ``"global"``, and ``"loader"`` / ``"sampler"`` generators)."""
+
+    kind: ClassVar[str] = "replay"
+    sampler: Any
+    rng: Mapping[str, bytes]
+
+    @classmethod
+    def read(cls, sd: Any) -> ReplayOrder:
+        r = _Reader(sd, "'order'", ("kind", "sampler", "rng"))
+        rng = _Reader(r.get("rng"), "'order']['rng'", ("global",), optional=("loader", "sampler"))
+        states = {k: rng.rng(k) for k in ("global", "loader", "sampler") if k in rng.sd}
+        return cls(sampler=r.get("sampler"), rng=states)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "sampler": self.sampler, "rng": dict(self.rng)}
+
+
+@dataclass(frozen=True)
+class DistributedOrder:
+    """A ``DistributedSampler`` epoch's segment (the elastic rule in the module docstring)."""
+
+    kind: ClassVar[str] = "distributed"
+    start: int
+    world: int
+    consumed: int
+    shuffle: bool
+    drop_last: bool
+
+    @classmethod
+    def read(cls, sd: Any) -> DistributedOrder:
+        r = _Reader(sd, "'order'", ("kind", "start", "world", "consumed", "shuffle", "drop_last"))
+        return cls(start=r.int("start"), world=r.int("world", low=1), consumed=r.int("consumed"),
+                   shuffle=r.bool("shuffle"), drop_last=r.bool("drop_last"))
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class WorkerStates:
+    """An iterable dataset's per-worker states (``num_workers > 0``) and the worker read next.
+
+    ``states[w]``: worker ``w``'s dataset ``state_dict()`` after its last batch handed out (None:
+    not read yet); ``iter_states[w]``: the same for the iterator its ``iter(dataset)`` returned,
+    when that is a different, stateful object; ``ended[w]``: the worker's dataset ran out.
+    ``replay``: batches handed out since these states were taken (``snapshot_every_n_steps``
+    > 1), read again after loading them.
+    """
+
+    num_workers: int
+    states: tuple
+    next: int
+    iter_states: tuple = ()
+    ended: tuple = ()
+    replay: int = 0
+
+    @classmethod
+    def read(cls, sd: Any) -> WorkerStates:
+        r = _Reader(sd, "'workers'", ("num_workers", "states", "next"), optional=("iter_states", "ended", "replay"))
+        n = r.int("num_workers", low=1)
+        lists = {}
+        for key in ("states", "iter_states", "ended"):
+            v = r.get(key, None if key == "states" else [None] * n)
+            if not isinstance(v, (list, tuple)) or len(v) != n:
+                raise _corrupt(f"'workers']['{key}'", f"expected a list of {n} (one per worker), got {_describe(v)}")
+            lists[key] = tuple(v)
+        bad = [w for w, e in enumerate(lists["ended"]) if e is not None and not isinstance(e, bool)]
+        if bad:
+            raise _corrupt(f"'workers']['ended'][{bad[0]}", f"expected True, False or None, got "
+                                                            f"{_describe(lists['ended'][bad[0]])}")
+        return cls(num_workers=n, states=lists["states"], next=r.int("next", high=n),
+                   iter_states=lists["iter_states"], ended=lists["ended"], replay=r.int("replay") if "replay" in
+                   r.sd else 0)
+
+    def to_dict(self) -> dict:
+        n = self.num_workers
+        return {"num_workers": n, "states": list(self.states), "next": self.next,
+                "iter_states": list(self.iter_states or [None] * n), "ended": list(self.ended or [None] * n),
+                "replay": self.replay}
+
+
+@dataclass(frozen=True)
+class FetcherState:
+    """An iterable dataset read in this process (``num_workers=0``): its iterator's own state
+    (when ``iter(dataset)`` is a different, stateful object) and whether it ran out."""
+
+    iter_state: Any
+    ended: bool
+
+    @classmethod
+    def read(cls, sd: Any) -> FetcherState | None:
+        if sd is None:
+            return None
+        r = _Reader(sd, "'fetcher'", ("iter_state", "ended"))
+        return cls(iter_state=r.get("iter_state"), ended=r.bool("ended"))
+
+    def to_dict(self) -> dict:
+        return {"iter_state": self.iter_state, "ended": self.ended}
+
+
+Order = ReplayOrder | DistributedOrder
+
+
+@dataclass(frozen=True)
+class LoaderState:
+    """A ``fastload.DataLoader`` state, typed (the module docstring lists the fields).
+
+    ``from_dict`` validates the whole of a saved dict (types, sizes, ranges and how the fields
+    fit together) and raises ``ResumeStateError`` naming the first bad field; ``to_dict`` gives
+    the plain dict ``state_dict()`` returns.
+    """
+
+    dataset: DatasetFacts
+    epoch: int
+    batches: int
+    batch_size: int | None
+    seed: int | None
+    generator: bytes | None
+    order: Order | None
+    sample_seed: int | None
+    dataset_state: Any
+    workers: WorkerStates | None
+    fetcher: FetcherState | None = None
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("dataset", "epoch", "batches", "batch_size", "seed", "generator",
+                                           "order", "sample_seed", "dataset_state", "workers")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("fetcher",)
+
+    @classmethod
+    def from_dict(cls, sd: Any, *, coherent: bool = True) -> LoaderState:
+        """Raises: ResumeStateError: not a loader state, another version, or a field is corrupt
+        (``coherent=False``: each field alone; ``check_coherent()`` then checks them together)."""
+        if not isinstance(sd, Mapping) or sd.get("format") != STATE_FORMAT:
+            got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
+            raise ResumeStateError(f"not a fastload.DataLoader state: got {got}.\nHINT: pass what "
+                                   "fastload.DataLoader.state_dict() returned (e.g. checkpoint['loader']).")
+        if sd.get("version") != STATE_VERSION:
+            raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
+                                   f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
+        missing = [k for k in cls.REQUIRED if k not in sd]
+        bad_ints = [k for k in ("epoch", "batches") if k not in missing
+                    and (isinstance(sd[k], bool) or not isinstance(sd[k], int) or sd[k] < 0)]
+        if missing or bad_ints:
+            raise ResumeStateError(f"corrupt fastload.DataLoader state: missing {missing}, invalid {bad_ints}.\n"
+                                   f"{_CORRUPT_HINT}")
+        r = _Reader(sd, "", ("format", "version", *cls.REQUIRED), optional=cls.OPTIONAL)
+        dataset = DatasetFacts.read(sd["dataset"])
+        order_sd, order = sd["order"], None
+        if order_sd is not None:
+            kind = _Reader(order_sd, "'order'", ("kind",), optional=("sampler", "rng", "start", "world",
+                                                                     "consumed", "shuffle", "drop_last"))
+            kind = kind.str("kind", choices=("replay", "distributed"))
+            order = ReplayOrder.read(order_sd) if kind == "replay" else DistributedOrder.read(order_sd)
+        state = cls(dataset=dataset, epoch=sd["epoch"], batches=sd["batches"],
+                    batch_size=r.int("batch_size", low=1, none=True), seed=r.int("seed", low=None, none=True),
+                    generator=r.rng("generator", none=True), order=order,
+                    sample_seed=r.int("sample_seed", low=None, none=True), dataset_state=sd["dataset_state"],
+                    workers=WorkerStates.read(sd["workers"]) if sd["workers"] is not None else None,
+                    fetcher=FetcherState.read(sd.get("fetcher")))
+        if coherent:
+            state.check_coherent()
+        return state
+
+    def check_coherent(self) -> None:
+        """The fields that only make sense together (a hand edit can break one and not the other)."""
+        iterable = self.dataset.kind == "iterable"
+        if iterable and self.order is not None:
+            raise _corrupt("'order'", "an iterable dataset's state has no sampler order, this one has "
+                                      f"{_describe(self.order.to_dict())}")
+        if not iterable and self.batches and self.order is None:
+            raise _corrupt("'order'", f"None, but {self.batches} batches of the epoch were already yielded: a "
+                                      "mid-epoch state must say how the epoch's order is rebuilt")
+        for name in ("dataset_state", "workers", "fetcher"):
+            if not iterable and getattr(self, name) is not None:
+                raise _corrupt(f"'{name}'", "set, but only an iterable dataset's state has one")
+        if self.workers is not None and (self.dataset_state is not None or self.fetcher is not None):
+            raise _corrupt("'workers'", "per-worker states beside a single-process dataset state")
+        if self.sample_seed is not None and self.sample_seed.bit_length() > 64:
+            raise _corrupt("'sample_seed'", f"{self.sample_seed} does not fit in 64 bits")
+        if isinstance(self.order, DistributedOrder) and self.dataset.len is not None \
+                and self.order.start > self.dataset.len:
+            raise _corrupt("'order']['start'", f"{self.order.start} is past the dataset's {self.dataset.len} samples")
+
+    def to_dict(self) -> dict:
+        sd = {"format": STATE_FORMAT, "version": STATE_VERSION, "dataset": self.dataset.to_dict(),
+              "epoch": self.epoch, "batches": self.batches, "batch_size": self.batch_size, "seed": self.seed,
+              "generator": self.generator, "order": self.order.to_dict() if self.order is not None else None,
+              "sample_seed": self.sample_seed, "dataset_state": self.dataset_state,
+              "workers": self.workers.to_dict() if self.workers is not None else None}
+        if self.fetcher is not None:
+            sd["fetcher"] = self.fetcher.to_dict()
+        return sd
+
+
 def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None, seed: int | None,
-                batch_size: int | None, distributed: bool, num_workers: int) -> dict:
-    """Validate a state against the loader about to load it; return it as a dict.
+                batch_size: int | None, distributed: bool, num_workers: int) -> LoaderState:
+    """Validate a state (``LoaderState.from_dict``) and check it fits the loader about to load it.
 
     Raises:
-        ResumeStateError: not a fastload loader state, a newer version, or saved for another
-            dataset (kind, length, identity), seed, sampler kind, batch size or worker count.
+        ResumeStateError: not a fastload loader state, a newer version, a corrupt field (named),
+            or saved for another dataset (kind, length, identity), seed, sampler kind, batch size
+            or worker count.
     """
-    if not isinstance(sd, Mapping) or sd.get("format") != STATE_FORMAT:
-        got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
-        raise ResumeStateError(f"not a fastload.DataLoader state: got {got}.\nHINT: pass what "
-                               "fastload.DataLoader.state_dict() returned (e.g. checkpoint['loader']).")
-    if sd.get("version") != STATE_VERSION:
-        raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
-                               f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
-    required = ("dataset", "epoch", "batches", "batch_size", "seed", "generator", "order", "sample_seed",
-                "dataset_state", "workers")
-    missing = [k for k in required if k not in sd]
-    bad_ints = [k for k in ("epoch", "batches") if k not in missing and not (isinstance(sd[k], int)
-                                                                            and sd[k] >= 0)]
-    if missing or bad_ints or not isinstance(sd.get("dataset"), Mapping):
-        raise ResumeStateError(f"corrupt fastload.DataLoader state: missing {missing}, invalid {bad_ints}.\n"
-                               "HINT: the checkpoint was damaged or edited; resume from an earlier one.")
-    ds = sd["dataset"]
-    if ds.get("kind") != kind:
-        raise mismatch_error("the dataset kind", ds.get("kind"), kind, "build the loader over the same dataset.")
-    if ds.get("len") != length:
-        raise mismatch_error("the dataset length", ds.get("len"), length, "build the loader over the same dataset.")
-    if ds.get("identity") != identity:
-        raise mismatch_error("the dataset identity (checksums and labels)", ds.get("identity"), identity,
+    st = LoaderState.from_dict(sd, coherent=False)
+    ds = st.dataset
+    if ds.kind != kind:
+        raise mismatch_error("the dataset kind", ds.kind, kind, "build the loader over the same dataset.")
+    if ds.len != length:
+        raise mismatch_error("the dataset length", ds.len, length, "build the loader over the same dataset.")
+    if ds.identity != identity:
+        raise mismatch_error("the dataset identity (checksums and labels)", ds.identity, identity,
                    "this is a different dataset (or store) of the same length; resume with the one it "
                    "was saved with.")
-    order = sd["order"]
-    if order is not None and (order.get("kind") == "distributed") != distributed:
-        raise mismatch_error("the sampler", order.get("kind"), "distributed" if distributed else "replay",
+    st.check_coherent()
+    order = st.order
+    if order is not None and isinstance(order, DistributedOrder) != distributed:
+        raise mismatch_error("the sampler", order.kind, "distributed" if distributed else "replay",
                    "resume under the same kind of sampler (DistributedSampler in both runs, or in neither).")
-    if sd["seed"] != seed:
-        raise mismatch_error("the seed", sd["seed"], seed, "pass the same seed (DistributedSampler(seed=...) or "
+    if st.seed != seed:
+        raise mismatch_error("the seed", st.seed, seed, "pass the same seed (DistributedSampler(seed=...) or "
                    "generator=torch.Generator().manual_seed(...)) as the run that saved it.")
-    if (order is not None and order.get("kind") == "replay" and sd["batches"] and sd["batch_size"] != batch_size):
-        raise mismatch_error("batch_size", sd["batch_size"], batch_size, "a non-distributed epoch resumes by batch "
+    if isinstance(order, ReplayOrder) and st.batches and st.batch_size != batch_size:
+        raise mismatch_error("batch_size", st.batch_size, batch_size, "a non-distributed epoch resumes by batch "
                    "count: use the same batch_size (DistributedSampler epochs may change it).")
-    workers = sd["workers"]
-    if workers is not None and workers.get("num_workers") != num_workers:
-        raise mismatch_error("num_workers", workers.get("num_workers"), num_workers,
+    if st.workers is not None and st.workers.num_workers != num_workers:
+        raise mismatch_error("num_workers", st.workers.num_workers, num_workers,
                    "an iterable dataset's state is per worker shard: resume with the same num_workers.")
-    return dict(sd)
+    return st
 
 
 def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,

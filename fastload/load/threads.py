@@ -56,8 +56,12 @@ state taken between ``iter()`` and the first ``next()`` already pins the epoch's
 
 Bounded: at most ``prefetch_factor`` (default 2) batches are being filled ahead of the
 one handed out. Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops
-the pool and joins its threads; the threads hold no reference to the iterator, so an
-iterator abandoned mid-epoch is collected and its threads end.
+the pool and joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker
+process as long before terminating it); the threads hold no reference to the iterator, so
+an iterator abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch
+not ready within it raises torch's "DataLoader timed out after N seconds" (naming the samples
+still being read) at once, without waiting for the stuck thread; that daemon thread ends when
+its read returns, and never keeps the process from exiting (no join at interpreter exit).
 
 torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
 nothing to act on (a pool starts per epoch, in microseconds); batches always come in
@@ -74,6 +78,7 @@ import ctypes
 import inspect
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -89,7 +94,13 @@ from fastload.load.transforms import collate_uint8
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 
-JOIN_TIMEOUT_S = 30.0
+# How long closing a pool waits for its threads, all of them together: torch's
+# ``_shutdown_workers`` gives a worker process MP_STATUS_CHECK_INTERVAL (5 s) to exit before
+# terminating it. A thread cannot be terminated, so one still stuck after this (a read that
+# never returns) is left behind: it is a daemon thread that holds no reference to the
+# iterator, returns as soon as its read does (the pool is stopping), and does not keep the
+# process from exiting.
+JOIN_TIMEOUT_S = 5.0
 
 
 def check_thread_backend(loader) -> None:
@@ -171,13 +182,15 @@ class _Pool:
     def submit(self, fn: Callable, *args) -> None:
         self.tasks.put((fn, args))
 
-    def close(self) -> None:
+    def close(self, join_s: float = JOIN_TIMEOUT_S) -> None:
+        """Stop the threads and wait at most ``join_s`` in all for them (0: do not wait)."""
         self.stopping.set()  # queued tasks see it and return at once
         for _ in self.threads:
             self.tasks.put(None)
+        deadline = time.monotonic() + join_s
         for t in self.threads:
             if t is not threading.current_thread():
-                t.join(JOIN_TIMEOUT_S)
+                t.join(max(0.0, deadline - time.monotonic()))
 
 
 class _Buffers:
@@ -217,6 +230,7 @@ class _Batch:
         self.result: Any = None
         self.error: BaseException | None = None
         self.left = len(indices)
+        self.running = [False] * len(indices)  # per sample: a thread is in it now (named on a timeout)
         self.lock = threading.Lock()
         self.done = threading.Event()
         if not indices:
@@ -257,6 +271,7 @@ class _Job:
             if self.stopping.is_set() or batch.error is not None:
                 return
             index = batch.indices[pos]
+            batch.running[pos] = True
             gen = None
             if self.seeded:
                 gen = torch.Generator().manual_seed(mix_seed(self.sample_seed, self.epoch, index))
@@ -270,6 +285,7 @@ class _Job:
             if batch.error is None:
                 batch.error = exc
         finally:
+            batch.running[pos] = False
             batch.finish_one(None if self.fast else self._collate)
 
     def _fast(self, batch: _Batch, pos: int, index: int, gen: torch.Generator | None) -> None:
@@ -309,8 +325,9 @@ class ThreadBatchIterator(Iterator):
         self._len = len(loader)
         self._sampler_iter = iter(loader._index_sampler)  # before the base seed, as torch does
         self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
-        loader._resume_epoch_started(self)
-        rec = loader._resume_live
+        self._tracker = loader._fl_resume  # reports the epoch's events (tracker.py), holds the loader weakly
+        self._tracker.epoch_started(self)
+        rec = self._tracker.live
         self.epoch, self.sample_seed = rec.epoch, rec.sample_seed
         self.fast = _fast_path(loader)
         self._auto_collation = loader._auto_collation
@@ -324,6 +341,8 @@ class ThreadBatchIterator(Iterator):
         n = int(loader.num_workers)
         self._pool = _Pool(n, stopping) if n > 0 else None
         self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
+        if self._closer is not None:  # at interpreter exit the daemon threads just end: no join
+            self._closer.atexit = False
         try:  # the order is drawn now, not at the first next(): a state taken before it then holds it
             self._fill(self._depth if self._pool is not None else 1)
         except BaseException:
@@ -365,9 +384,8 @@ class ThreadBatchIterator(Iterator):
 
     def _end(self) -> StopIteration:
         """The epoch is over: tell the loader (unless closed early), stop the pool."""
-        loader = self._loader()
-        if not self._closed and loader is not None:
-            loader._resume_epoch_ended(self)
+        if not self._closed:
+            self._tracker.epoch_ended()
         self.close()
         return StopIteration()
 
@@ -386,14 +404,26 @@ class ThreadBatchIterator(Iterator):
             batch = self._inflight.popleft()
             self._fill(self._depth)  # keep the threads busy while this one finishes and is used
             if not batch.done.wait(self._timeout if self._timeout > 0 else None):
-                raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
+                raise self._timed_out(batch)
         if batch.error is not None:
             raise batch.error
         out = (batch.images, torch.tensor(batch.labels, dtype=torch.int64)) if self.fast else batch.result
-        loader = self._loader()
-        if loader is not None:  # counted only now: the state describes what the caller received
-            loader._resume_batch_yielded(self)
+        self._tracker.batch_yielded()  # counted only now: the state describes what the caller received
         return out
+
+    def _timed_out(self, batch: _Batch) -> RuntimeError:
+        """The timeout error (torch's words first), after stopping the pool without waiting for
+        the thread that is stuck: the caller gets it within ``timeout`` of asking."""
+        pending = [i for i, r in zip(batch.indices, list(batch.running)) if r]
+        self._exhausted = self._closed = True
+        self._inflight.clear()
+        if self._closer is not None and self._closer.alive:
+            self._closer.detach()
+            self._pool.close(join_s=0.0)
+        where = f" (samples still being read: {pending[:8]})" if pending else ""
+        return RuntimeError(f"DataLoader timed out after {self._timeout} seconds{where}.\nHINT: a read is "
+                            "stuck (a hung network file system?) or slower than timeout; its thread is left "
+                            "to finish on its own (a daemon thread: it does not keep the process alive).")
 
     def close(self) -> None:
         """Stop the pool and join its threads (idempotent); later ``next()`` calls end the epoch.

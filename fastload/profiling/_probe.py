@@ -4,8 +4,12 @@ Owns: the patch of ``torch.utils.data.DataLoader.__iter__`` (which covers
 ``fastload.DataLoader``, a subclass), the per-loader step tracks, the headspace replay,
 the Kineto window on CUDA, and the
 rank file (``probe-rank<R>-<pid>.json``) written at exit, on SIGTERM, on Ctrl-C or when
-``--steps`` is reached. Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live
-in ``_samples.py``.
+``--steps``/``--seconds`` is reached; the append-only ``steps-rank<R>-<pid>.jsonl`` (one
+unbuffered write per finished step) that an abrupt end (``os._exit``, SIGKILL, an OOM kill)
+leaves behind; the check of ``num_workers="auto"`` given to torch's own DataLoader; and
+``--verify-fix``'s options set on the training loader (``FASTLOAD_PROFILE_APPLY``).
+Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live in
+``_samples.py``.
 
 A step is one ``next()`` on a loader: it spans from the start of that ``next()`` to the
 start of the following one, so ``data wait`` is the time blocked in ``next()`` and the
@@ -20,6 +24,7 @@ Python process the command starts, torchrun's launcher included), analyse or pri
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import signal
@@ -36,6 +41,9 @@ ENV_STEPS = "FASTLOAD_PROFILE_STEPS"
 ENV_WARMUP = "FASTLOAD_PROFILE_WARMUP"
 ENV_REPLAY = "FASTLOAD_PROFILE_REPLAY"
 ENV_KINETO = "FASTLOAD_PROFILE_KINETO_STEPS"
+ENV_BUDGET = "FASTLOAD_PROFILE_SECONDS"
+ENV_APPLY = "FASTLOAD_PROFILE_APPLY"
+APPLICABLE = ("num_workers", "pin_memory")  #: what ``--verify-fix`` can set on a loader from outside
 
 _HERE = str(Path(__file__).resolve().parent)
 MAX_EVENT_STEPS = 20_000  #: hand-off CUDA event pairs kept per loader
@@ -43,6 +51,23 @@ _TORCH_DIR = None  # set on first use: frames inside torch are not the user's lo
 
 
 _rank = _samples._rank  # one rule for the probe's and the samples' files, or ranks are mixed up
+RUNQUEUE_EVERY = 4  #: read the process's run-queue wait on every 4th step (a /proc read per thread)
+
+
+def process_runqueue_s() -> float | None:
+    """Seconds all threads of this process have spent runnable but waiting for a CPU (Linux), or None."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return total / 1e9
 
 
 def short_path(name: str) -> str:
@@ -51,21 +76,26 @@ def short_path(name: str) -> str:
     return name[len(cwd) + 1:] if name.startswith(cwd + os.sep) else name
 
 
-def _call_site() -> str:
-    """``file:line`` of the first frame outside torch and fastload's profiling/measure/load: the user's ``for`` line."""
+def _user_frame(depth: int = 3):
+    """The first frame outside torch and fastload's profiling/measure/load rooms: the user's own line."""
     global _TORCH_DIR
     if _TORCH_DIR is None:
         import torch
 
         _TORCH_DIR = str(Path(torch.__file__).resolve().parent)
-    frame = sys._getframe(2)
+    frame = sys._getframe(depth)
     ours = (_TORCH_DIR, _HERE, str(Path(_HERE).parent / "load"), str(Path(_HERE).parent / "measure"))
     while frame is not None:
-        name = frame.f_code.co_filename
-        if not name.startswith(ours):
-            return f"{short_path(name)}:{frame.f_lineno}"
+        if not frame.f_code.co_filename.startswith(ours):
+            return frame
         frame = frame.f_back
-    return "?"
+    return None
+
+
+def _call_site() -> str:
+    """``file:line`` of the user's ``for`` line (the first frame outside torch and fastload)."""
+    frame = _user_frame()
+    return "?" if frame is None else f"{short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 class Track:
@@ -81,13 +111,20 @@ class Track:
                 self.meta[attr] = value
         dataset = getattr(loader, "dataset", None)
         self.meta["dataset"] = None if dataset is None else _samples.dataset_key(dataset)
-        self.steps: list[list[float]] = []  # [start, wait, total, images]
+        self.meta["created_at"] = getattr(loader, "_fastload_created_at", None)  # the user's DataLoader(...) line
+        # [start, wait, total, images, process CPU s, main-thread CPU s, run-queue s]: the CPU figures cover
+        # the step's own part (from next() returning to the next call), i.e. the training process's compute;
+        # run-queue: its threads' time waiting for a CPU in that part (every RUNQUEUE_EVERY-th step, else -1)
+        self.steps: list[list[float]] = []
         self.pending: list[float] | None = None  # the last batch, until the next call starts
         self.batch_bytes: int | None = None
         self.pinned: bool | None = None
         self.worker_pids: set[int] = set()
         self.cache: list[Any] = []  # headspace: the first batches, replayed
         self.events: list[tuple[int, Any, Any]] = []  # (step, CUDA event before next(), after it)
+        self.cpu_after: tuple[float, float] = (0.0, 0.0)  # process and thread CPU time as next() returned
+        self.rq_after: float | None = None
+        self.logged = False  # its header line is in the append-only steps file
 
     def event_idle(self) -> list[list[float]]:
         """Per step ``[step, GPU idle seconds during its next()]`` from the hand-off events.
@@ -101,16 +138,31 @@ class Track:
         torch.cuda.synchronize()
         return [[i, max(0.0, a.elapsed_time(b) / 1e3)] for i, a, b in self.events]
 
-    def call_started(self, t: float) -> None:
-        if self.pending is not None:
-            start, wait, images = self.pending
-            self.steps.append([start, wait, t - start, images])
-            self.pending = None
+    def call_started(self, t: float) -> list[float] | None:
+        """End the pending step at ``t``; return it (None when there was none)."""
+        if self.pending is None:
+            return None
+        start, wait, images = self.pending
+        pcpu, tcpu = self.cpu_after
+        rq = -1.0
+        if self.rq_after is not None:
+            now = process_runqueue_s()
+            rq = -1.0 if now is None else max(0.0, now - self.rq_after)
+        step = [start, wait, t - start, images, time.process_time() - pcpu, time.thread_time() - tcpu, rq]
+        self.steps.append(step)
+        self.pending = None
+        return step
 
     def got(self, start: float, end: float, batch: Any) -> None:
         if self.batch_bytes is None:
             self.batch_bytes, self.pinned = _samples.batch_nbytes(batch)
         self.pending = [start, end - start, float(_samples.batch_len(batch))]
+        self.rq_after = process_runqueue_s() if len(self.steps) % RUNQUEUE_EVERY == 0 else None
+        self.cpu_after = (time.process_time(), time.thread_time())
+
+    def header(self) -> dict[str, Any]:
+        return {"key": self.key, "kind": self.kind, "meta": self.meta, "batch_bytes": self.batch_bytes,
+                "pinned": self.pinned}
 
 
 class _TimedIter:
@@ -137,7 +189,7 @@ class _TimedIter:
 
     def __next__(self) -> Any:
         rec, track = self._rec, self._track
-        track.call_started(time.perf_counter())
+        rec.log_step(track, track.call_started(time.perf_counter()))
         rec.before_call(track)  # may start/stop the Kineto window: that time belongs to no step
         before = rec.cuda_event()
         t0 = time.perf_counter()
@@ -172,8 +224,13 @@ class Recorder:
     """All tracks of this process, and when to stop. One per process (``recorder()``)."""
 
     def __init__(self, out: Path | None, *, steps: int | None, warmup: int, replay_key: str | None = None,
-                 kineto_steps: int = 0) -> None:
+                 kineto_steps: int = 0, seconds: float | None = None,
+                 apply: dict[str, Any] | None = None) -> None:
         self.out, self.steps_limit, self.warmup = out, steps, warmup
+        self.seconds_limit = seconds  # measured seconds, then the command is ended (None: no time budget)
+        self.apply = apply or {}  # --verify-fix: {"key": training loader key, "num_workers": N, ...}
+        self.applied: dict[str, Any] = {}
+        self._log_fd: int | None = None
         self.replay_key, self.replay_batches = replay_key, max(1, min(warmup, 32))
         self.kineto_steps = kineto_steps
         self.tracks: dict[int, Track] = {}
@@ -209,6 +266,24 @@ class Recorder:
         tracks = [t for t in self.tracks.values() if t.steps]
         return max(tracks, key=lambda t: (len(t.steps), -t.index)) if tracks else None
 
+    def apply_to(self, loader: Any) -> None:
+        """``--verify-fix``: set the recommended loader options on the training loader before it starts."""
+        if self.apply.get("key") != self.track_for(loader).key or self.applied:
+            return
+        for name in APPLICABLE:
+            if name in self.apply and hasattr(loader, name):
+                value = self.apply[name]
+                if name == "num_workers":
+                    if value > 0 and getattr(loader, "prefetch_factor", None) is None:
+                        loader.prefetch_factor = 2  # torch's default with workers; None is required with 0
+                    if value == 0:
+                        loader.prefetch_factor = None
+                        if getattr(loader, "persistent_workers", False):
+                            object.__setattr__(loader, "persistent_workers", False)
+                setattr(loader, name, value)
+                self.applied[name] = value
+        self.track_for(loader).meta.update(self.applied)
+
     # -- per call -------------------------------------------------------------------------
     def annotate(self):
         if self._kineto is None:
@@ -225,11 +300,46 @@ class Recorder:
             self._stop_kineto()
         if self.steps_limit is not None and done >= self.warmup + self.steps_limit:
             self.ended = "steps"
+        elif self.seconds_limit is not None and done > self.warmup and (
+                time.perf_counter() - track.steps[self.warmup][0] >= self.seconds_limit):
+            self.ended = "time"
+        if self.ended in ("steps", "time"):
             self.finish()
             raise SystemExit(0)
 
     def after_call(self, track: Track) -> None:
-        track.call_started(time.perf_counter())
+        self.log_step(track, track.call_started(time.perf_counter()))
+
+    # -- the append-only steps file: what an abrupt end (os._exit, SIGKILL, OOM) leaves ----------
+    def log_step(self, track: Track, step: list[float] | None) -> None:
+        """Append one finished step to ``steps-rank<R>-<pid>.jsonl`` (one unbuffered write per step)."""
+        if step is None or self.out is None or not self.active or os.getpid() != self.pid:
+            return
+        try:
+            if self._log_fd is None:
+                self.out.mkdir(parents=True, exist_ok=True)
+                self._log_fd = os.open(self.out / f"steps-rank{self.rank}-{self.pid}.jsonl",
+                                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+                os.write(self._log_fd, (json.dumps({"process": self.static()}) + "\n").encode())
+            line = ""
+            if not track.logged:
+                track.logged = True
+                line = json.dumps({"track": track.index, **track.header()}) + "\n"
+            os.write(self._log_fd, (line + json.dumps([track.index, *step]) + "\n").encode())
+        except OSError:  # a full disk must not stop the training
+            self._log_fd = self._log_fd if self._log_fd is not None else -1
+
+    def static(self) -> dict[str, Any]:
+        """The figures of this process known at start (the steps file's first line)."""
+        from dataclasses import asdict
+
+        from fastload.system import cpu_budget
+
+        return {"rank": self.rank, "pid": self.pid, "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
+                "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
+                "cpus": asdict(cpu_budget()), "warmup": self.warmup, "steps_limit": self.steps_limit,
+                "seconds_limit": self.seconds_limit, "headspace": self.replay_key is not None,
+                "applied": self.applied}
 
     def cuda_event(self) -> Any:
         """A CUDA event recorded on the current stream now, or None without CUDA work in this process."""
@@ -276,10 +386,6 @@ class Recorder:
 
     # -- results --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        from fastload.system import cpu_budget
-
         cuda = None
         if "torch" in sys.modules:
             import torch
@@ -288,14 +394,10 @@ class Recorder:
                 cuda = {"device": torch.cuda.get_device_name(), "count": torch.cuda.device_count()}
         training = self.training_track()
         return {
-            "rank": self.rank, "pid": self.pid, "world_size": int(os.environ.get("WORLD_SIZE", "1") or 1),
-            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
-            "cpus": asdict(cpu_budget()), "cuda": cuda, "ended": self.ended or "exit",
-            "warmup": self.warmup, "steps_limit": self.steps_limit, "headspace": self.replay_key is not None,
+            **self.static(), "cuda": cuda, "ended": self.ended or "exit",
             "training": None if training is None else training.key,
-            "tracks": [{"key": t.key, "kind": t.kind, "meta": t.meta, "steps": t.steps, "batch_bytes": t.batch_bytes,
-                        "pinned": t.pinned, "worker_pids": sorted(t.worker_pids), "event_idle": _event_idle(t)}
-                       for t in self.tracks.values()],
+            "tracks": [{**t.header(), "steps": t.steps, "worker_pids": sorted(t.worker_pids),
+                        "event_idle": _event_idle(t)} for t in self.tracks.values()],
             "worker_cpu": self.sampler.stop(),
             "kineto": self._kineto_result,
         }
@@ -349,10 +451,11 @@ def recorder() -> Recorder | None:
 
 
 def start(out: Path | None, *, steps: int | None, warmup: int, replay_key: str | None = None,
-          kineto_steps: int = 0) -> Recorder:
+          kineto_steps: int = 0, seconds: float | None = None, apply: dict[str, Any] | None = None) -> Recorder:
     """Make this process's recorder current and patch the DataLoader (idempotent)."""
     global _RECORDER
-    _RECORDER = Recorder(out, steps=steps, warmup=warmup, replay_key=replay_key, kineto_steps=kineto_steps)
+    _RECORDER = Recorder(out, steps=steps, warmup=warmup, replay_key=replay_key, kineto_steps=kineto_steps,
+                         seconds=seconds, apply=apply)
     _samples.stats().reset(out)
     import multiprocessing
 
@@ -378,17 +481,39 @@ def _patch_dataloader(*_: Any) -> None:
     if getattr(cls.__iter__, "_fastload_profile", False):
         return
     original = cls.__iter__
+    original_init = cls.__init__
 
     def __iter__(self):
         rec = _RECORDER
         if rec is None or not rec.active or getattr(_SUPPRESS, "on", False):
             return original(self)
+        if rec.apply:
+            rec.apply_to(self)
         _samples.prepare_loader(self, rec.out)
         return rec.wrap(self, original(self))
 
+    @functools.wraps(original_init)  # inspect.signature(DataLoader) stays torch's
+    def __init__(self, *args, **kwargs):
+        workers = kwargs.get("num_workers", args[5] if len(args) > 5 else 0)
+        if isinstance(workers, str):
+            raise TypeError(check_num_workers(type(self), workers))
+        frame = _user_frame(2)
+        if frame is not None:
+            self.__dict__["_fastload_created_at"] = f"{os.path.abspath(frame.f_code.co_filename)}:{frame.f_lineno}"
+        original_init(self, *args, **kwargs)
+
     __iter__._fastload_profile = True  # type: ignore[attr-defined]
     __iter__._fastload_original = original  # type: ignore[attr-defined]
+    __init__._fastload_original = original_init  # type: ignore[attr-defined]
     cls.__iter__ = __iter__
+    cls.__init__ = __init__
+
+
+def check_num_workers(cls: type, value: str) -> str:
+    """The message for ``num_workers="auto"`` (any string) given to torch's own DataLoader."""
+    return (f"{cls.__module__}.{cls.__qualname__}(num_workers={value!r}): torch's DataLoader takes an int; "
+            "num_workers=\"auto\" is fastload's.\nHINT: from fastload import DataLoader (same signature, "
+            "num_workers=\"auto\" picks the count for this machine), or pass an int")
 
 
 class _PostImport:
@@ -427,8 +552,11 @@ def install_from_env() -> Recorder | None:
     if not out:
         return None
     steps = os.environ.get(ENV_STEPS)
+    seconds = os.environ.get(ENV_BUDGET)
     rec = start(Path(out), steps=int(steps) if steps else None, warmup=int(os.environ.get(ENV_WARMUP, "5")),
-                replay_key=os.environ.get(ENV_REPLAY) or None, kineto_steps=int(os.environ.get(ENV_KINETO, "0")))
+                replay_key=os.environ.get(ENV_REPLAY) or None, kineto_steps=int(os.environ.get(ENV_KINETO, "0")),
+                seconds=float(seconds) if seconds else None,
+                apply=json.loads(os.environ[ENV_APPLY]) if os.environ.get(ENV_APPLY) else None)
     atexit.register(_at_exit)
     previous_hook = sys.excepthook
 

@@ -1,18 +1,10 @@
 """From the files the probe left in the out dir to figures, a verdict and ranked recommendations.
 
-Owns: reading ``probe-rank*.json`` / ``samples-rank*.json``, the per-rank figures, the merge
-across ranks, the verdict, the recommendations and their expected gains (a small model of
-the loader fitted to the measurement, below), and the text ``fastload profile`` prints.
+Owns: reading ``probe-rank*.json`` / ``samples-rank*.json`` (and the ``steps-rank*.jsonl`` of a
+process that ended abruptly), the per-rank figures, the merge across ranks, and the text
+``fastload profile`` prints.
 
-The gain model. Per step of the training loop: T the measured step time, ``bound`` the
-input-bound share (host data wait without CUDA; GPU idle overlapping the wait on CUDA),
-so a perfect loader gives a step of ``c = T * (1 - bound)`` and no change can beat
-``1 / (1 - bound)``. One batch costs ``t_b = images * seconds per sample`` of loading,
-``t_cpu = t_b * cpu share`` of it on a CPU. With N workers on P CPUs for this process the
-loader delivers a batch every ``max(t_b / N, t_cpu / P)``; in the main process (N = 0)
-the step is ``c + t_b``. A change that removes a measured part of the sample time (read,
-decode, the float transforms) shrinks ``t_b`` and ``t_cpu`` by that part. Expected gain =
-T / predicted step, capped at the perfect-loader bound; it is an upper-bound estimate.
+The gain model and the recommendations: ``_recommend.py``.
 
 Must not: run anything, import torch.
 """
@@ -27,17 +19,45 @@ from typing import Any
 
 from fastload.stats import percentiles
 
-INPUT_BOUND = 0.10  #: below this input-bound share faster loading cannot buy more than ~11%
 FLOAT_TRANSFORMS = ("ToTensor", "Normalize", "ConvertImageDtype", "ToDtype", "ConvertDtype")
-PARTS = {"read": "opening files (PIL Image.open)", "decode": "image decode in PIL (load/convert)",
-         "transform": "torchvision transforms", "other": "the dataset's own code outside PIL and transforms"}
+
+
+def read_steps_file(path: Path) -> dict[str, Any] | None:
+    """A probe record rebuilt from the append-only ``steps-rank<R>-<pid>.jsonl`` of a process that ended
+    abruptly (``os._exit``, SIGKILL, an OOM kill) before writing its probe file; None if it holds no step.
+
+    A line cut short by the kill is ignored; the worker CPU and the GPU timeline are not in this file.
+    """
+    head: dict[str, Any] | None = None
+    tracks: dict[int, dict[str, Any]] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and "process" in row:
+            head = row["process"]
+        elif isinstance(row, dict) and "track" in row:
+            tracks[row["track"]] = {k: v for k, v in row.items() if k != "track"}
+            tracks[row["track"]].update(steps=[], worker_pids=[], event_idle=None)
+        elif isinstance(row, list) and row and row[0] in tracks:
+            tracks[row[0]]["steps"].append(row[1:])
+    if head is None or not any(t["steps"] for t in tracks.values()):
+        return None
+    return {**head, "cuda": None, "ended": "abrupt", "training": None, "tracks": list(tracks.values()),
+            "worker_cpu": {}, "kineto": None}
 
 
 def read_files(out: Path) -> tuple[dict[int, dict], dict[int, list[dict]]]:
-    """The probe file with most steps per rank, and every samples file per rank."""
+    """The probe file with most steps per rank (a process that ended abruptly: its steps file), and every
+    samples file per rank."""
     ranks: dict[int, dict] = {}
-    for path in sorted(out.glob("probe-rank*.json")):
-        data = json.loads(path.read_text())
+    written = {p.name[len("probe-"):-len(".json")] for p in out.glob("probe-rank*.json")}
+    abrupt = [p for p in sorted(out.glob("steps-rank*.jsonl")) if p.name[len("steps-"):-len(".jsonl")] not in written]
+    for path in sorted(out.glob("probe-rank*.json")) + abrupt:
+        data = json.loads(path.read_text()) if path.suffix == ".json" else read_steps_file(path)
+        if data is None:
+            continue
         best = ranks.get(data["rank"])
         steps = max((len(t["steps"]) for t in data["tracks"]), default=0)
         if best is None or steps > max((len(t["steps"]) for t in best["tracks"]), default=0):
@@ -103,15 +123,36 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
         shm = {"total_bytes": usage.total, "free_bytes": usage.free, "needed_bytes": need, "ok": need <= usage.free}
     kineto = probe.get("kineto") or None
     wait_fraction = wait / wall if wall > 0 else 0.0
+    step_s = [s[2] for s in steps]
+    mean = wall / len(steps) if steps else 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in step_s) / (len(steps) - 1)) if len(steps) > 1 else 0.0
+    # the step's own part (next() returned .. next call): its wall time and the process's CPU time in it
+    own = [s for s in steps if len(s) >= 6]
+    own_wall = sum(s[2] - s[1] for s in own)
+    step_cpu = None
+    if own and own_wall > 0:
+        step_cpu = {"cpu_s": sum(s[4] for s in own) / len(own), "main_thread_cpu_s": sum(s[5] for s in own) / len(own),
+                    "wall_s": own_wall / len(own), "cores": sum(s[4] for s in own) / own_wall,
+                    "main_thread_share": sum(s[5] for s in own) / own_wall, "wanted_cores": None}
+        # CPUs the step wanted: its CPU time plus its threads' wait for a CPU (other users' load hides the first)
+        sampled = [s for s in own if len(s) >= 7 and s[6] >= 0 and s[2] > s[1]]
+        if sampled:
+            step_cpu["wanted_cores"] = sum(s[4] + s[6] for s in sampled) / sum(s[2] - s[1] for s in sampled)
+            step_cpu["runqueue_share"] = sum(s[6] for s in sampled) / sum(s[2] - s[1] for s in sampled)
     fig: dict[str, Any] = {
         "rank": probe["rank"], "steps": len(steps), "warmup": warmup, "ended": probe["ended"],
         "images_per_s": images / wall if wall > 0 else 0.0, "steps_per_s": len(steps) / wall if wall > 0 else 0.0,
         "images_per_step": images / len(steps) if steps else 0.0,
+        "step_stats": {"n": len(steps), "mean_s": mean, "sd_s": sd,
+                       "wait_mean_s": wait / len(steps) if steps else 0.0},
+        "step_cpu": step_cpu, "applied": probe.get("applied") or {},
+        "seconds_limit": probe.get("seconds_limit"),
         "data_wait_fraction": wait_fraction, "compute_fraction": 1.0 - wait_fraction,
         "percentiles_ms": {"step": {k: v * 1e3 for k, v in percentiles([s[2] for s in steps]).items()},
                            "data_wait": {k: v * 1e3 for k, v in percentiles([s[1] for s in steps]).items()}},
         "loader": {"key": track["key"], "class": meta.get("class"), "num_workers": workers,
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
+                   "created_at": meta.get("created_at"),
                    "prefetch_factor": meta.get("prefetch_factor"), "batch_size": meta.get("batch_size"),
                    "persistent_workers": meta.get("persistent_workers"), "batch_bytes": batch_bytes,
                    "worker_cpu_util": util, "worker_cpu_util_mean": sum(util) / len(util) if util else None,
@@ -153,108 +194,6 @@ def merge_ranks(figs: list[dict]) -> dict[str, Any]:
     return summary
 
 
-def _predict(n: int, c: float, tb: float, tcpu: float, cpus: int) -> float:
-    return c + tb if n == 0 else max(c, tb / n, tcpu / cpus)
-
-
-def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[str, list[dict[str, Any]]]:
-    """The verdict and the ranked ``{change, why, expected_gain, stage}`` list for a summary."""
-    wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
-    cuda = s["idle_source"] in ("cuda", "cuda-events")
-    where = (f"the GPU was idle {idle:.0%} of measured time, {bound * 100:.0f} points of it while the training loop "
-             "waited for the DataLoader" if cuda else
-             f"the training loop waited for data {wait:.0%} of measured time (no CUDA timeline: host clocks; the "
-             "device is idle whenever the step waits)")
-    recs: list[dict[str, Any]] = []
-    if bound < INPUT_BOUND:
-        host_idle = idle - bound if cuda else 0.0
-        if host_idle >= 0.15:
-            recs.append({"change": "remove host sync points in the step (loss.item(), .cpu(), printing every step); "
-                         "then CUDA graphs or torch.compile for launch overhead", "stage": None,
-                         "why": f"the GPU was idle {host_idle:.0%} of the time while the host was NOT waiting for data",
-                         "expected_gain": 1.0 / (1.0 - host_idle)})
-        recs.append({"change": "none on the loading side", "stage": None, "expected_gain": 1.0 / (1.0 - bound),
-                     "why": f"compute-bound: faster loading will not help: only {bound:.0%} of the step was spent "
-                            "waiting for data"})
-        kind = "host-bound" if host_idle >= 0.15 else "compute-bound"
-        return f"{kind}: {where}; faster loading will not help", recs
-
-    loader, samples = s["loader"], s["samples"]
-    T = 1.0 / s["steps_per_s"]
-    cap = 1.0 / max(1e-9, 1.0 - bound)
-    c = T * (1.0 - bound)
-    w_now, cpus = loader["num_workers"], loader["cpus_per_process"]
-    details = []
-    if samples:
-        tb = s["images_per_step"] * samples["per_sample_ms"] / 1e3
-        share = samples["cpu_share"]
-        tcpu = tb * share
-        parts = samples["parts"]
-        top = max(parts, key=parts.get)
-        details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
-
-        def gain(tb_new: float, tcpu_new: float, n: int = w_now) -> float:
-            return min(cap, T / _predict(n, c, tb_new, tcpu_new, cpus))
-
-        saturated = w_now > 0 and tcpu / cpus >= 0.9 * c
-        util = loader["worker_cpu_util_mean"]
-        if w_now and util is not None:
-            details.insert(0, f"workers are {'CPU-saturated' if saturated else 'not CPU-bound'} "
-                              f"({w_now} workers on {cpus} usable CPUs, {util:.0%} CPU each)")
-        rq = samples.get("runqueue_share")
-        starved = rq is not None and rq >= 0.25
-        if starved:
-            details.append(f"samples waited for a CPU {rq:.0%} of their time: the machine is oversubscribed")
-        io_bound = not starved and samples.get("blocked_share", 1.0 - share) >= 0.5
-        if tcpu / cpus >= c:
-            best = max(w_now, plan_workers)
-        elif io_bound:
-            best = min(4 * cpus, max(plan_workers, math.ceil(tb / c - 1e-9)))
-        else:
-            best = plan_workers
-        if best > w_now:
-            change = f'num_workers="auto" (-> {best})' if best == plan_workers else f"num_workers={best}"
-            why = (f"the loader runs in the training process: each step waits for {s['images_per_step']:.0f} samples "
-                   f"of {samples['per_sample_ms']:.1f} ms" if w_now == 0 else
-                   f"{w_now} workers deliver a batch every {tb / w_now * 1e3:.0f} ms; the step needs one every "
-                   f"{c * 1e3:.0f} ms")
-            if io_bound and best > plan_workers:
-                why += (f"; samples spend {samples.get('blocked_share', 1 - share):.0%} of their time blocked "
-                        f"(I/O, sleep), so workers beyond the {cpus} CPUs overlap the waiting")
-            recs.append({"change": change, "stage": "workers", "why": why,
-                         "expected_gain": min(cap, T / _predict(best, c, tb, tcpu, cpus))})
-        n_after = max(w_now, 1)
-        if parts["read"] >= 0.15:
-            recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
-                         "stage": "lmdb",
-                         "why": f"{parts['read']:.0%} of sample time is opening and reading small files",
-                         "expected_gain": gain(tb * (1 - parts["read"]), tcpu * (1 - parts["read"]), n_after)})
-        floats = samples["float_transform_share"]
-        if floats >= 0.10:
-            recs.append({"change": "train_transform + collate_uint8 + DevicePrefetcher (uint8 to the device, "
-                                   "normalise there)", "stage": "fast",
-                         "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
-                                "4x the bytes through worker queues)",
-                         "expected_gain": gain(tb * (1 - floats), tcpu * (1 - floats), n_after)})
-        if has_gpu and saturated and parts["decode"] >= 0.25:
-            cut = parts["decode"] + floats
-            recs.append({"change": 'DALILoader(device="gpu") (nvJPEG decode on the GPU)', "stage": "dali-gpu",
-                         "why": f"the CPUs are saturated and {parts['decode']:.0%} of sample time is JPEG decode",
-                         "expected_gain": gain(tb * (1 - cut), tcpu * (1 - cut), n_after)})
-    if has_gpu and loader["pinned"] is False and s.get("kineto") and s["kineto"].get("htod_copy_fraction"):
-        h = s["kineto"]["htod_copy_fraction"]
-        recs.append({"change": "pin_memory=True (and .to(device, non_blocking=True))", "stage": "workers",
-                     "why": f"host-to-device copies from pageable memory took {h:.0%} of the window",
-                     "expected_gain": min(cap, 1.0 / (1.0 - h))})
-    if not recs:
-        recs.append({"change": "A/B the loading stages on your data: fastload recipe run", "stage": None,
-                     "why": "input-bound, but no single part of the sample time stands out",
-                     "expected_gain": cap})
-    recs.sort(key=lambda r: -r["expected_gain"])
-    verdict = "input-bound: " + "; ".join([where, *details])
-    return verdict, recs
-
-
 def format_summary(s: dict[str, Any]) -> str:
     """What ``fastload profile`` prints."""
     lines = [f"fastload profile: {s['steps']} steps after {s['warmup']} warm-up, {s['images_per_s']:.1f} images/s"
@@ -262,10 +201,19 @@ def format_summary(s: dict[str, Any]) -> str:
              + {"cuda": "", "cuda-events": " (GPU idle from CUDA events at the hand-off; no Kineto window)"}.get(
                  s["idle_source"], " (no CUDA: host clocks)")]
     p = s["percentiles_ms"]
-    idle_note = "*" if s["idle_source"] == "host-clock" else ""
+    has_gpu = bool((s.get("machine") or {}).get("gpus")) or s["idle_source"] != "host-clock"
+    idle_note = "*" if s["idle_source"] == "host-clock" and has_gpu else ""
     lines.append(f"  data wait {s['data_wait_fraction']:.0%} of step time (p50 {p['data_wait']['p50']:.1f} ms, "
-                 f"step p50 {p['step']['p50']:.1f} ms); GPU idle {s['gpu_idle_fraction']:.0%}{idle_note}, "
-                 f"input-bound idle {s['input_bound_idle_fraction']:.0%}{idle_note}")
+                 f"step p50 {p['step']['p50']:.1f} ms)"
+                 + (f"; GPU idle {s['gpu_idle_fraction']:.0%}{idle_note}, "
+                    f"input-bound idle {s['input_bound_idle_fraction']:.0%}{idle_note}" if has_gpu else ""))
+    sc = s.get("step_cpu")
+    if sc:
+        lines.append(f"  the step itself: {sc['cpu_s'] * 1e3:.1f} ms of CPU time per {sc['wall_s'] * 1e3:.1f} ms "
+                     f"= {sc['cores']:.1f} CPUs busy (main thread {sc['main_thread_share']:.0%} of its wall time)"
+                     + ("" if sc.get("wanted_cores") is None or sc["wanted_cores"] < sc["cores"] + 0.1 else
+                        f"; {sc['wanted_cores']:.1f} CPUs wanted (its threads waited for a CPU "
+                        f"{sc['runqueue_share']:.0%} of the time)"))
     ld = s["loader"]
     lines.append(f"  loader {ld['key']}: num_workers={ld['num_workers']}, pin_memory={ld['pin_memory']}, "
                  f"{s['images_per_step']:.0f} samples/batch, {ld['batch_bytes'] / 1e3:.0f} kB/batch")
@@ -286,13 +234,31 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"  rank {r['rank']}: {r['images_per_s']:.1f} images/s, "
                          f"data wait {r['data_wait_fraction']:.0%}")
     if idle_note:
-        lines.append("  * no CUDA: device idle from host clocks (time the step waited for data)")
+        lines.append("  * no CUDA timeline: GPU idle from host clocks (time the step waited for data)")
     for note in s.get("notes", []):
         lines.append(f"  note: {note}")
+    if s.get("ended") in ("steps", "time"):
+        budget = s.get("seconds_limit")
+        lines.append(f"  measured {s['steps']} steps, then ended the command ("
+                     + (f"the {budget:g} s budget" if s["ended"] == "time" and budget else "--steps")
+                     + "); to measure more: --seconds 120 --steps 1000, or --until-end")
     lines.append(f"verdict: {s['verdict']}")
     lines.append("recommendations:")
     for i, r in enumerate(s["recommendations"], 1):
-        lines.append(f"  {i}. {r['change']}: up to {r['expected_gain']:.2f}x images/s. {r['why']}")
+        gain = r["expected_gain"]
+        said = (f"predicted {gain:.2f}x images/s" if r.get("stage") else
+                f"up to {gain:.2f}x images/s" if gain > 1.0 else "no gain predicted")
+        lines.append(f"  {i}. {r['change']}: {said}. {r['why']}")
+        if r.get("code"):
+            lines.extend("       " + line for line in r["code"].splitlines())
+    v = s.get("verify_fix")
+    if v and "skipped" in v:
+        lines.append(f"verify-fix: skipped: {v['skipped']}")
+    elif v:
+        lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: predicted "
+                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s "
+                     f"({v['images_per_s'][0]:.1f} -> {v['images_per_s'][1]:.1f}; "
+                     + ("outside the noise" if v["outside_noise"] else "within the noise") + f"); {v['profile']}")
     if s.get("headspace"):
         h = s["headspace"]
         lines.append(f"headspace: {h['images_per_s']:.1f} images/s with batches replayed from memory "

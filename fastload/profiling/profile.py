@@ -19,6 +19,13 @@ psutil reads the workers' CPU time (portable across Linux/macOS, where ``/proc``
 by hand would not be); without it the worker CPU figures are left out. Interval arithmetic: ``_kineto.py``; the
 verdict and gain model: ``_profile_report.py``.
 
+The command runs in its own process group: SIGTERM, SIGINT and SIGHUP sent to ``fastload
+profile`` are passed to that group (the script, its DataLoader workers, torchrun's ranks), which
+gets ``GRACE_S`` to end before it is killed; what was measured is then written all the same, and
+``fastload profile`` exits with the command's status. ``--verify-fix`` reruns the command with the
+top change applied to the training loader from outside (``_probe.APPLICABLE``) and compares
+(``_profile_compare.py``).
+
 Must not: edit the user's files, import torch at import time, or print (the CLI prints).
 """
 
@@ -37,12 +44,13 @@ from typing import Any
 from fastload.errors import MissingDependencyError, ProfileError
 from fastload.profiling import _probe
 from fastload.profiling import _profile_report as report
+from fastload.profiling import _recommend
 
 __all__ = ["ProfileOptions", "run_profile", "watch", "profile", "Profile", "summarize_dir", "format_summary",
            "INJECT_DIR"]
 
 INJECT_DIR = Path(__file__).resolve().parent / "_inject"
-GRACE_S = 5.0  #: after Ctrl-C, how long the child may take to write its results before it is interrupted
+GRACE_S = 10.0  #: after a forwarded SIGTERM/Ctrl-C, how long the command may take to end before SIGKILL
 format_summary = report.format_summary
 
 
@@ -52,7 +60,11 @@ class ProfileOptions:
 
     Args:
         out: output folder [default: ``runs/profile-<timestamp>``].
-        steps: measured steps after warm-up, then the command is ended (None: until it ends).
+        steps: measured steps after warm-up, then the command is ended (None: no step limit).
+        seconds: measured seconds after warm-up, then the command is ended (None: no time budget); with
+            the default a profile ends in well under a minute.
+        verify_fix: rerun the command with the top applicable recommendation applied from outside
+            (worker count, pin_memory) and report predicted vs measured.
         warmup: steps not measured (worker start-up, cudnn autotuning, caches).
         headspace: rerun with the training loader replaying its first batches from memory.
         kineto_steps: on CUDA, steps traced with torch.profiler (0: no GPU timeline).
@@ -61,14 +73,18 @@ class ProfileOptions:
 
     out: Path | None = None
     steps: int | None = 200
+    seconds: float | None = 30.0
     warmup: int = 5
     headspace: bool = False
     kineto_steps: int = 20
     tensorboard: Path | None = None
+    verify_fix: bool = False
 
     def __post_init__(self) -> None:
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1 or None, got {self.steps}")
+        if self.seconds is not None and not self.seconds > 0:
+            raise ValueError(f"seconds must be > 0 or None, got {self.seconds}")
         if self.warmup < 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.kineto_steps < 0:
@@ -82,7 +98,8 @@ def _require_tensorboard() -> None:
         raise MissingDependencyError("--tensorboard needs the tensorboard package: pip install tensorboard")
 
 
-def _child_env(out: Path, options: ProfileOptions, replay_key: str | None) -> dict[str, str]:
+def _child_env(out: Path, options: ProfileOptions, replay_key: str | None,
+               apply: dict[str, Any] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(INJECT_DIR)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env[_probe.ENV_OUT] = str(out.resolve())
@@ -92,36 +109,96 @@ def _child_env(out: Path, options: ProfileOptions, replay_key: str | None) -> di
         env[_probe.ENV_STEPS] = str(options.steps)
     else:
         env.pop(_probe.ENV_STEPS, None)
-    if replay_key:
-        env[_probe.ENV_REPLAY] = replay_key
-    else:
-        env.pop(_probe.ENV_REPLAY, None)
+    for name, value in ((_probe.ENV_REPLAY, replay_key), (_probe.ENV_BUDGET, options.seconds),
+                        (_probe.ENV_APPLY, json.dumps(apply) if apply else None)):
+        if value:
+            env[name] = str(value)
+        else:
+            env.pop(name, None)
     return env
 
 
-def _run_child(command: Sequence[str], env: dict[str, str]) -> int:
+def exit_status(rc: int) -> int:
+    """A shell's exit status for a ``Popen.returncode`` (killed by signal N: 128 + N)."""
+    return 128 - rc if rc < 0 else rc
+
+
+class _Terminal:
+    """The command runs in its own process group (so a signal can reach it and its workers and ranks
+    together); when we own the terminal, that group gets it as the foreground, as a shell does, so the
+    command can still read the terminal (``breakpoint()``) and a terminal's Ctrl-C reaches it directly."""
+
+    def __init__(self, pgid: int) -> None:
+        self.fd: int | None = None
+        try:
+            import sys
+
+            fd = sys.stdin.fileno()
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                os.tcsetpgrp(fd, pgid)
+                self.fd = fd
+        except (OSError, ValueError, AttributeError):
+            self.fd = None
+
+    def restore(self) -> None:
+        if self.fd is None:
+            return
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # we are a background group until this returns
+        try:
+            os.tcsetpgrp(self.fd, os.getpgrp())
+        except OSError:
+            pass
+        finally:
+            signal.signal(signal.SIGTTOU, old)
+
+
+def _run_child(command: Sequence[str], env: dict[str, str]) -> tuple[int, list[int]]:
+    """Run the command in its own process group; return its ``returncode`` and the signals we forwarded.
+
+    SIGTERM, SIGINT and SIGHUP sent to ``fastload profile`` go to the command's whole process group (its
+    DataLoader workers and torchrun's ranks included); the command then has ``GRACE_S`` to write its
+    results and end before the group is killed, so the caller can still write what was measured.
+    """
+    import threading
+
     try:
-        proc = subprocess.Popen(list(command), env=env)
+        proc = subprocess.Popen(list(command), env=env, process_group=0)
     except FileNotFoundError as exc:
         raise ProfileError(f"cannot run {command[0]!r}: not found\nHINT: give the command after `--`, "
                            "e.g. fastload profile -- python train.py") from exc
     except PermissionError as exc:
         raise ProfileError(f"cannot run {command[0]!r}: {exc}") from exc
-    interrupts, timeout = 0, None
-    while True:
+    terminal = _Terminal(proc.pid)
+    forwarded: list[int] = []
+    deadline: list[float] = []
+
+    def forward(signum, frame) -> None:
+        forwarded.append(signum)
+        if not deadline:
+            deadline.append(time.monotonic() + GRACE_S)
         try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:  # Ctrl-C reached only us (kill -INT): pass it on, once
-            proc.send_signal(signal.SIGINT)
-            timeout = None
-        except KeyboardInterrupt:
-            # A terminal's Ctrl-C reaches the whole process group: the child is already writing
-            # its results. Give it GRACE_S before passing the interrupt on; a third one kills it.
-            interrupts += 1
-            if interrupts == 1:
-                timeout = GRACE_S
-            elif interrupts >= 3:
-                proc.kill()
+            os.killpg(proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    main = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)} \
+        if main else {}
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.2), forwarded
+            except subprocess.TimeoutExpired:
+                if deadline and time.monotonic() > deadline[0]:
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        proc.kill()
+                    deadline[0] = float("inf")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        terminal.restore()
 
 
 def summarize_dir(out: Path) -> tuple[list[dict], dict[str, Any]]:
@@ -145,7 +222,7 @@ def summarize_dir(out: Path) -> tuple[list[dict], dict[str, Any]]:
     first = ranks[min(ranks)]
     local = first["local_world_size"]
     plan = worker_plan(env={"LOCAL_WORLD_SIZE": str(local)})
-    verdict, recs = report.recommend(summary, plan_workers=plan.workers, has_gpu=bool(machine["gpus"]))
+    verdict, recs = _recommend.recommend(summary, plan_workers=plan.workers, has_gpu=bool(machine["gpus"]))
     summary.update(verdict=verdict, recommendations=recs, local_world_size=local,
                    machine={"cpus": machine["cpus"], "gpus": machine["gpus"], "local_world_size": local,
                             "recommended_workers": plan.workers, "versions": machine["environment"],
@@ -180,27 +257,34 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
         _require_tensorboard()
     out = options.out or Path("runs") / time.strftime("profile-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    for stale in list(out.glob("probe-rank*.json")) + list(out.glob("samples-rank*.json")):
-        stale.unlink()
-    rc = _run_child(command, _child_env(out, options, None))
+    _clear(out)
+    rc, forwarded = _run_child(command, _child_env(out, options, None))
+    status = exit_status(rc)
     try:
         figs, summary = summarize_dir(out)
     except ProfileError as exc:
-        if rc == 0:
+        if status == 0:
             raise
-        raise ProfileError(f"{exc}\n(the command exited with status {rc}: see its output above)") from exc
+        raise ProfileError(f"{exc}\n(the command exited with status {status}: see its output above)",
+                           exit_status=status) from exc
     summary["command"] = list(command)
-    summary["exit_status"] = rc
-    summary["options"] = {"steps": options.steps, "warmup": options.warmup, "kineto_steps": options.kineto_steps,
-                          "headspace": options.headspace}
-    if rc != 0 and summary["ended"] == "exit":
-        summary["notes"].append(f"the command exited with status {rc}")
-    if options.headspace:
+    summary["exit_status"] = status
+    summary["options"] = {"steps": options.steps, "seconds": options.seconds, "warmup": options.warmup,
+                          "kineto_steps": options.kineto_steps, "headspace": options.headspace}
+    if forwarded:
+        names = ", ".join(sorted({signal.Signals(s).name for s in forwarded}))
+        summary["notes"].append(f"fastload profile received {names}: passed to the command's process group; "
+                                "these are the steps measured until it ended")
+    if status != 0 and summary["ended"] in ("exit", "abrupt"):
+        summary["notes"].append(f"the command exited with status {status}"
+                                + (" before writing its results: the steps are read from the per-step file"
+                                   if summary["ended"] == "abrupt" else ""))
+    if options.headspace and not forwarded:
         hdir = out / "headspace"
         hdir.mkdir(exist_ok=True)
-        for stale in hdir.glob("*-rank*.json"):
-            stale.unlink()
-        hopts = ProfileOptions(steps=options.steps, warmup=max(1, options.warmup), kineto_steps=0)
+        _clear(hdir)
+        hopts = ProfileOptions(steps=options.steps, seconds=options.seconds, warmup=max(1, options.warmup),
+                               kineto_steps=0)
         _run_child(command, _child_env(hdir, hopts, summary["loader"]["key"]))
         _, hs = summarize_dir(hdir)
         measured = summary["images_per_s"]
@@ -208,9 +292,42 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
                                 "data_wait_fraction": hs["data_wait_fraction"],
                                 "ratio": hs["images_per_s"] / measured if measured else 0.0,
                                 "replayed_batches": max(1, min(hopts.warmup, 32))}
+    if options.verify_fix and not forwarded:
+        summary["verify_fix"] = _verify_fix(command, out, options, summary)
     summary["notes"].extend(_write(out, figs, summary, options.tensorboard))
     summary["out"] = str(out)
     return summary
+
+
+def _clear(out: Path) -> None:
+    for pattern in ("probe-rank*.json", "samples-rank*.json", "steps-rank*.jsonl"):
+        for stale in out.glob(pattern):
+            stale.unlink()
+
+
+def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summary: dict[str, Any]) -> dict:
+    """Rerun with the top change fastload can apply from outside; predicted vs measured images/s."""
+    from fastload.profiling._profile_compare import compare_figures
+
+    pick = _recommend.change_to_verify(summary)
+    if pick is None:
+        return {"skipped": "no recommendation can be applied from outside the script (only the worker count "
+                           "and pin_memory can): apply it by hand and compare with `fastload profile compare`"}
+    vdir = out / "verify"
+    vdir.mkdir(exist_ok=True)
+    _clear(vdir)
+    vopts = ProfileOptions(steps=options.steps, seconds=options.seconds, warmup=options.warmup, kineto_steps=0)
+    rc, _ = _run_child(command, _child_env(vdir, vopts, None, {"key": summary["loader"]["key"], **pick["apply"]}))
+    _, vs = summarize_dir(vdir)
+    vs["exit_status"] = exit_status(rc)
+    (vdir / "profile.json").write_text(json.dumps(vs, indent=1))
+    cmp = compare_figures(summary, vs)
+    measured = cmp["images_per_s_ratio"]
+    predicted = pick["expected_gain"]
+    return {"change": pick["change"], "apply": pick["apply"], "applied": vs.get("applied", {}),
+            "why": pick.get("verify_why", "the top recommendation"), "predicted": predicted, "measured": measured,
+            "error": measured / predicted - 1.0 if predicted else None, "outside_noise": cmp["outside_noise"],
+            "images_per_s": [summary["images_per_s"], vs["images_per_s"]], "profile": str(vdir / "profile.json")}
 
 
 class _Watched:
@@ -266,8 +383,7 @@ class Profile:
 
     def __enter__(self) -> Profile:
         self.out.mkdir(parents=True, exist_ok=True)
-        for stale in list(self.out.glob("probe-rank*.json")) + list(self.out.glob("samples-rank*.json")):
-            stale.unlink()
+        _clear(self.out)
         self._previous = _probe.recorder()
         _probe.start(self.out, steps=None, warmup=self.warmup, kineto_steps=self.kineto_steps)
         return self

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError
+from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError, StoreChangedError
 from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME, PLAN_NAME
 
@@ -152,6 +152,15 @@ def check_data_file(path: Path) -> None:
                                 f"{need - size:,} bytes are missing")
 
 
+def _file_id(data_file: str) -> tuple[int, int, int, int] | None:
+    """What says data.mdb is still the file that was opened: device, inode, size, mtime (ns)."""
+    try:
+        st = os.stat(data_file)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def read_meta(env, path: Path) -> fmt.StoreMeta:
     """Read and check the metadata of an open store; raise a clear error if it is unusable."""
     import lmdb
@@ -243,6 +252,8 @@ class StoreReader:
         self.crc32 = np.concatenate([m.crc32 for m in self.metas])
         self.encoding = np.concatenate([m.encoding for m in self.metas])
         self._keys = [os.path.realpath(m.path) for m in self.metas]
+        self._data_files = [os.path.join(k, "data.mdb") for k in self._keys]
+        self._file_ids = [_file_id(f) for f in self._data_files]  # travels with the reader into workers
 
     def __len__(self) -> int:
         return self.offsets[-1]
@@ -275,6 +286,7 @@ class StoreReader:
         import lmdb
 
         shard, local = self.locate(index)
+        self._check_unchanged(shard, index)
         try:
             with self._env(shard).begin(buffers=False) as txn:
                 data = txn.get(fmt.sample_key(local))
@@ -285,6 +297,33 @@ class StoreReader:
             if problem is not None:
                 raise ChecksumError(self._bad(index, problem), index=index, relpath=self.paths[index])
         return data
+
+    def _check_unchanged(self, shard: int, index: int) -> None:
+        """Raise ``StoreChangedError`` when the shard's data.mdb is no longer the file this reader
+        opened: one ``os.stat`` per read (docs/resume-compat.md has its cost), before the read.
+
+        LMDB reads through a memory map: a data.mdb cut short in place turns the next read past
+        its new end into SIGBUS, which kills the process (no Python handler can run); one
+        replaced by another file is read stale through the old map. What cannot be guarded: a
+        truncation between this check and the read (microseconds) still ends in SIGBUS.
+        """
+        now = _file_id(self._data_files[shard])
+        was = self._file_ids[shard]
+        if now == was:
+            return
+        if now is None:
+            what = "it was deleted"
+        elif now[:2] != was[:2]:
+            what = "another file was put in its place (new inode)"
+        elif now[2] != was[2]:
+            what = f"its size changed from {was[2]:,} to {now[2]:,} bytes"
+        else:
+            what = "it was rewritten (its modification time changed)"
+        release(self.metas[shard].path)  # never read through the old map again
+        raise StoreChangedError(
+            f"{self.metas[shard].path}: its data.mdb changed while it was being read ({what}); sample {index} "
+            f"({self.paths[index]}) was not read.\nHINT: a store must not be rewritten or copied over while a job "
+            "reads it: write the new one to another path, then point the job at it (a new dataset object).")
 
     def checksum_problem(self, index: int, data: bytes | None) -> str | None:
         """What is wrong with ``data`` as record ``index`` (missing, or not its stored crc32), or None."""

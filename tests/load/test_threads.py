@@ -343,3 +343,67 @@ def test_timeout_raises_instead_of_waiting_forever():
         next(it)
     it.close()
     assert wait_no_loader_threads() == []
+
+
+class Stuck(Indexed):
+    """Sample 3's read never returns (a hung network file system) until ``release`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def __getitem__(self, i):
+        if i == 3:
+            self.release.wait()
+        return super().__getitem__(i)
+
+
+def test_timeout_with_a_stuck_read_raises_within_the_timeout_and_names_the_sample():
+    ds = Stuck()
+    loader = DataLoader(ds, batch_size=2, num_workers=2, timeout=1, backend="threads")
+
+    def first_error() -> str:
+        try:
+            for _ in loader:
+                pass
+        except RuntimeError as exc:
+            return str(exc)  # leaving the handler drops the error, its traceback and the iterator
+        return "no error"
+
+    start = time.monotonic()
+    err = first_error()
+    elapsed = time.monotonic() - start  # until the caller can go on: dropping the iterator must not wait
+    assert elapsed < 1 + 1.5, f"the caller got the timeout error and went on after {elapsed:.1f} s"
+    assert "timed out after 1 seconds (samples still being read: [3])" in err and "HINT" in err
+    ds.release.set()  # the stuck thread returns and ends on its own
+    assert wait_no_loader_threads() == []
+
+
+def test_a_process_whose_loader_thread_is_stuck_forever_still_exits(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import atexit, time\n"  # registered first, so it runs last of the exit handlers (after fastload's)
+        "atexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+        "import threading, torch\n"
+        "from fastload.load.loader import DataLoader\n"
+        "class Stuck(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 8\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 3: threading.Event().wait()  # never returns\n"
+        "        return torch.tensor([i])\n"
+        "t = time.monotonic()\n"
+        "try:\n"
+        "    list(DataLoader(Stuck(), batch_size=2, num_workers=2, timeout=1, backend='threads'))\n"
+        "except RuntimeError as exc:\n"
+        "    print('raised', round(time.monotonic() - t, 1), str(exc).splitlines()[0], flush=True)\n"
+        "    saved = exc  # kept, as a logger or sys.last_value would: the iterator stays alive until exit\n"
+        "print('leaving', time.time(), flush=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr  # it exited at all (the stuck read never returns)
+    assert "timed out after 1 seconds" in proc.stdout
+    raised_after = float(proc.stdout.split()[1])
+    left = float(proc.stdout.split("leaving")[1].split()[0])
+    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
+    assert raised_after < 2.5, proc.stdout
+    # the exit handlers (fastload's iterator finaliser among them) must not wait for the stuck thread
+    assert last_handler - left < 2.0, f"the exit handlers took {last_handler - left:.1f} s"

@@ -382,7 +382,8 @@ def test_idle_keep_alive_connections_at_the_cap_yield_to_a_new_client(front):
         finally:
             for s in idle:
                 s.close()
-    assert status == 200 and took < 2.0, (status, took)
+    # prompt, not after the 15 s idle timeout that starved new clients before (5 s: a loaded machine)
+    assert status == 200 and took < 5.0, (status, took)
     assert oldest_closed is not None and newest_open
 
 

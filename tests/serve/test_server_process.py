@@ -169,5 +169,6 @@ def test_sigterm_under_load_answers_every_request_200_or_503_and_resets_none(fro
     assert not out.failures, (collections.Counter(f.split(":")[0] for f in out.failures), answered)
     assert set(answered) <= {200, 503} and answered[200] >= 100, answered
     assert answered[503] >= 1, answered  # the load went on into the drain
-    # the drain waits for the requests taken before it, not for the 503s that keep coming: well inside 20 s
-    assert took < 10, (took, proc.output())
+    # the drain waits for the requests taken before it, not for the 503s that keep coming: inside the 20 s
+    # that waiting on them takes (3-5 s measured; 15 s leaves room for a loaded machine)
+    assert took < 15, (took, proc.output())

@@ -1,0 +1,280 @@
+"""The resume seam: one tracker per loader that the iterators report to.
+
+Owns: ``ResumeTracker`` (what ``fastload.DataLoader.state_dict()`` / ``load_state_dict()``
+do) and ``EpochRecord`` (the epoch an iterator is in). Every iterator, torch's two
+(``_resume_iter.py``) and the thread pipeline (``threads.py``), reports the same four events
+and nothing else: ``epoch_started(it)``, ``batch_yielded()``, ``worker_state(...)`` and
+``epoch_ended()``. The state they build is the typed ``LoaderState`` of ``state.py``, which
+also validates a loaded one.
+
+The tracker holds its loader by a weak reference (iterators hold the tracker, and torch's
+iterators must not keep their loader alive: ``_resume_iter.py`` says why).
+
+Must not: make batches, or import torch's private iterator classes (``_resume_iter.py`` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+from torch.utils.data import DistributedSampler, IterableDataset
+
+from fastload.errors import ResumeStateError
+from fastload.load import state as _state
+from fastload.load.state import DistributedOrder, FetcherState, LoaderState, ReplayOrder, WorkerStates
+
+__all__ = ["ResumeTracker", "EpochRecord", "is_stateful"]
+
+
+def is_stateful(obj) -> bool:
+    """torchdata's ``Stateful``: an object with ``state_dict()`` and ``load_state_dict()``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+class EpochRecord:
+    """The epoch an iterator is in: what the loader's ``state_dict()`` is built from."""
+
+    def __init__(self, epoch: int, plan: LoaderState | None, sample_seed: int | None, loader_generator) -> None:
+        self.epoch, self.plan, self.sample_seed = epoch, plan, sample_seed
+        self.loader_generator = loader_generator
+        self.base = 0               # batches of the epoch counted before this iterator's first one
+        self.batches = 0            # yielded by this iterator (a resumed one counts from the resume)
+        self.finished = False
+        self.order: ReplayOrder | DistributedOrder | None = None  # how the order is rebuilt (at its first index)
+        self.rank_len: int | None = None  # distributed: samples this rank reads in this segment
+        self.fetcher = None         # iterable, num_workers=0: torch's fetcher (its iterator and ``ended``)
+        self.workers: WorkerStates | None = None   # iterable, num_workers>0: the latest per-worker states
+        self.snapshot: WorkerStates | None = None  # ... as of the last snapshot step (``snapshot_at``)
+        self.snapshot_at = 0
+
+    @property
+    def position(self) -> int:
+        return self.base + self.batches
+
+
+class ResumeTracker:
+    """One loader's resume bookkeeping: the loaded plan, the live epoch, the state in and out.
+
+    Args:
+        loader: the ``fastload.DataLoader``.
+        snapshot_every: torchdata's ``snapshot_every_n_steps``: with an iterable dataset and
+            workers, the workers send their dataset's state with every batch (1) or only around
+            every n-th step; a state taken in between resumes from the last snapshot and reads
+            the batches since then again.
+    """
+
+    def __init__(self, loader, snapshot_every: int) -> None:
+        self._loader = weakref.ref(loader)
+        self.snapshot_every = snapshot_every
+        self.plan: LoaderState | None = None
+        self.live: EpochRecord | None = None
+        self.index = None  # the ResumableIndex around the loader's index sampler (_resume_iter.py)
+        self.iterable = isinstance(loader.dataset, IterableDataset)
+        self.seeding = (not self.iterable and loader.batch_sampler is not None
+                        and _state.uses_fastload_preset(loader.dataset))
+        self._ident: tuple[str | None] | None = None
+
+    # ---- what the loader asks ---------------------------------------------------------------
+
+    def generators(self, loader) -> dict[str, torch.Generator]:
+        gens = {"global": torch.default_generator}
+        if isinstance(loader.generator, torch.Generator):
+            gens["loader"] = loader.generator
+        return gens
+
+    @staticmethod
+    def distributed(loader) -> DistributedSampler | None:
+        for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+            if isinstance(s, DistributedSampler):
+                return s
+        return None
+
+    def iterator(self, loader, new_iterator):
+        """This epoch's iterator (``new_iterator()``), positioned where a loaded plan says."""
+        plan = self.plan
+        if plan is None:
+            return new_iterator()
+        if plan.order is None and not plan.batches and plan.workers is None and plan.fetcher is None:
+            # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
+            if self.iterable and plan.dataset_state is not None:
+                loader.dataset.load_state_dict(plan.dataset_state)
+            return new_iterator()
+        if self.iterable and loader.num_workers == 0 and plan.dataset_state is not None:
+            loader.dataset.load_state_dict(plan.dataset_state)  # 1. the dataset, 2. iter() (torch), 3. its iterator
+        gens = self.generators(loader)
+        if isinstance(plan.order, ReplayOrder):
+            # the replay puts the loader's generator where the saved epoch's order left it
+            # (ResumableIndex._replay), not the saved "generator", which depends on how far the
+            # saving run's workers or threads had read ahead; only torch's global RNG is kept
+            gens = {"global": gens["global"]}
+        now = _state.rng_snapshot(gens)
+        try:  # building the resumed iterator must not consume the user's random draws
+            it = new_iterator()
+            rec = self.live
+            if self.iterable and plan.fetcher is not None and rec is not None and rec.fetcher is not None:
+                fetcher = rec.fetcher
+                if plan.fetcher.iter_state is not None and is_stateful(fetcher.dataset_iter):
+                    fetcher.dataset_iter.load_state_dict(plan.fetcher.iter_state)
+                if plan.fetcher.ended:
+                    from fastload.load._resume_iter import settle_ended
+
+                    settle_ended(fetcher, loader.dataset, plan.dataset_state, plan.fetcher.iter_state)
+            if self.iterable and rec is not None:
+                for _ in range(plan.batches - rec.base):  # no state (or a snapshot behind): read them again
+                    next(it)
+        finally:
+            _state.rng_restore(gens, now)
+        return it
+
+    def facts(self, loader) -> dict:
+        if self._ident is None:
+            self._ident = (_state.dataset_identity(loader.dataset),)
+        dist_sampler = self.distributed(loader)
+        if dist_sampler is not None:
+            seed = dist_sampler.seed
+        else:
+            seed = loader.generator.initial_seed() if isinstance(loader.generator, torch.Generator) else None
+        try:
+            length = len(loader.dataset)
+        except TypeError:
+            length = None
+        return {"kind": "iterable" if self.iterable else "map", "length": length,
+                "identity": self._ident[0], "seed": seed, "distributed": dist_sampler is not None}
+
+    # ---- what the iterators report ----------------------------------------------------------
+
+    def epoch_started(self, it) -> int:
+        """A new iterator starts its epoch; returns the worker to read first (iterable, workers)."""
+        loader = self._loader()
+        plan, self.plan = self.plan, None
+        seed = None
+        dist_sampler = self.distributed(loader)
+        if self.seeding:
+            if plan is not None and plan.sample_seed is not None:
+                seed = plan.sample_seed
+            elif dist_sampler is not None:  # the same on every rank, whatever the world size
+                seed = _state.mix_seed(dist_sampler.seed, 0x5EED)
+            else:
+                seed = int(it._base_seed)
+        epoch = dist_sampler.epoch if dist_sampler is not None else loader.epoch - 1  # the user may set_epoch
+        rec = EpochRecord(epoch, plan, seed, loader.generator)
+        if plan is not None:
+            rec.base = plan.batches if not self.iterable else self._resumed_base(plan, loader.num_workers)
+        rotate = 0
+        if self.iterable and loader.num_workers > 0:
+            n = loader.num_workers
+            saved = plan.workers if plan is not None else None
+            if saved is not None:
+                saved = dataclasses.replace(saved, replay=0)
+            rec.workers = saved or WorkerStates(num_workers=n, states=(None,) * n, next=0,
+                                                iter_states=(None,) * n, ended=(None,) * n)
+            rec.snapshot, rec.snapshot_at = rec.workers, rec.base
+            rotate = rec.workers.next
+        if self.iterable and loader.num_workers == 0:
+            rec.fetcher = getattr(it, "_dataset_fetcher", None)
+        self.live = rec
+        if not self.iterable:
+            self.index.live = rec  # read at the epoch's first index, maybe after the loader is gone
+        return rotate
+
+    @staticmethod
+    def _resumed_base(plan: LoaderState, num_workers: int) -> int:
+        """Batches of a resumed iterable epoch its states already account for (the rest are read again)."""
+        if num_workers == 0:
+            stateful = plan.dataset_state is not None or (plan.fetcher is not None
+                                                          and plan.fetcher.iter_state is not None)
+            return plan.batches if stateful else 0
+        w = plan.workers
+        if w is None or all(s is None for s in (*w.states, *w.iter_states)):
+            return 0
+        return plan.batches - w.replay
+
+    def batch_yielded(self) -> None:
+        rec = self.live
+        if rec is None:
+            return
+        rec.batches += 1
+        if rec.workers is not None and self.snapshot_every and rec.position % self.snapshot_every == 0:
+            rec.snapshot, rec.snapshot_at = rec.workers, rec.position
+
+    def worker_state(self, worker_id: int, state, iter_state, ended: bool, *, batch: bool) -> None:
+        """Worker ``worker_id``'s dataset (and iterator) state after the batch now handed out
+        (``batch``), or after it ran out (no batch: torch skips the worker from then on)."""
+        rec = self.live
+        if rec is None or rec.workers is None:
+            return
+        w = rec.workers
+        n = w.num_workers
+
+        def put(values: tuple, value) -> tuple:
+            return (*values[:worker_id], value, *values[worker_id + 1:])
+
+        rec.workers = dataclasses.replace(
+            w, states=put(w.states, state), iter_states=put(w.iter_states or (None,) * n, iter_state),
+            ended=put(w.ended or (None,) * n, ended), next=(worker_id + 1) % n if batch else w.next)
+
+    def epoch_ended(self) -> None:
+        if self.live is not None:
+            self.live.finished = True
+
+    # ---- the state in and out ---------------------------------------------------------------
+
+    def state_dict(self, loader) -> dict:
+        if self.plan is not None:  # loaded and not started yet: the same position
+            return self.plan.to_dict()
+        facts = self.facts(loader)
+        rec = self.live
+        gen = loader.generator
+        st = LoaderState(
+            dataset=_state.DatasetFacts(kind=facts["kind"], len=facts["length"], identity=facts["identity"]),
+            epoch=rec.epoch + 1 if rec is not None else loader.epoch, batches=0, batch_size=loader.batch_size,
+            seed=facts["seed"], generator=bytes(gen.get_state().numpy().tobytes())
+            if isinstance(gen, torch.Generator) else None,
+            order=None, sample_seed=None, dataset_state=None, workers=None)
+        changes: dict = {}
+        if rec is not None and not rec.finished:
+            changes.update(epoch=rec.epoch, batches=rec.position, sample_seed=rec.sample_seed)
+            order = rec.order
+            if order is None and not self.iterable:  # iter() was called, next() not yet
+                order = self.index.pending_order(rec)
+            if isinstance(order, DistributedOrder) and rec.batches:
+                per = loader.batch_size if loader.batch_sampler is not None else 1
+                order = dataclasses.replace(order, consumed=order.consumed
+                                            + order.world * min(rec.batches * per, rec.rank_len))
+            changes["order"] = order
+            if rec.workers is not None:
+                changes["workers"] = dataclasses.replace(rec.snapshot, replay=rec.position - rec.snapshot_at)
+            if rec.fetcher is not None:
+                changes.update(self._single_process_states(loader.dataset, rec.fetcher))
+        elif self.iterable and loader.num_workers == 0 and is_stateful(loader.dataset):
+            changes["dataset_state"] = loader.dataset.state_dict()  # between epochs
+        return dataclasses.replace(st, **changes).to_dict()
+
+    @staticmethod
+    def _single_process_states(dataset, fetcher) -> dict:
+        """torchdata's rule: the dataset's state unless it is its own iterator, the iterator's if it
+        has one, and whether it ran out (a state taken after the epoch's last batch resumes empty)."""
+        it = fetcher.dataset_iter
+        ds_state = dataset.state_dict() if is_stateful(dataset) and it is not dataset else None
+        it_state = it.state_dict() if is_stateful(it) else None
+        return {"dataset_state": ds_state, "fetcher": FetcherState(iter_state=it_state, ended=bool(fetcher.ended))}
+
+    def load(self, loader, sd) -> None:
+        facts = self.facts(loader)
+        st = _state.check_state(sd, kind=facts["kind"], length=facts["length"], identity=facts["identity"],
+                                seed=facts["seed"], batch_size=loader.batch_size,
+                                distributed=facts["distributed"], num_workers=loader.num_workers)
+        if self.iterable:
+            if (st.dataset_state is not None or st.fetcher is not None) and loader.num_workers > 0:
+                raise _state.mismatch_error("num_workers", 0, loader.num_workers, "the state holds one dataset "
+                                            "state (saved with num_workers=0): resume with num_workers=0.")
+            if getattr(loader, "_iterator", None) is not None:
+                raise ResumeStateError("load_state_dict on a loader whose persistent workers already run: "
+                                       "their dataset copies cannot take the state.\nHINT: call "
+                                       "load_state_dict before the first iter() of a new loader.")
+        if st.generator is not None and isinstance(loader.generator, torch.Generator):
+            loader.generator.set_state(torch.frombuffer(bytearray(st.generator), dtype=torch.uint8))
+        self.live = None
+        self.plan = st
