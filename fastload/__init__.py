@@ -24,6 +24,9 @@ _EXPORTS: dict[str, str] = {
     "StoreDamagedError": "fastload.errors",
     "StoreChangedError": "fastload.errors",
     "StoreLockedError": "fastload.errors",
+    "ShardCacheError": "fastload.errors",
+    "ShardIntegrityError": "fastload.errors",
+    "CacheFullError": "fastload.errors",
     "ConvertError": "fastload.errors",
     "SourceError": "fastload.errors",
     "CorruptSampleError": "fastload.errors",
@@ -49,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     # load
     "LMDBImageDataset": "fastload.load.dataset",
     "DataLoader": "fastload.load.loader",
+    "ShardSampler": "fastload.load.shards",
     "DevicePrefetcher": "fastload.load.prefetch",
     "auto_num_workers": "fastload.load.workers",
     "worker_plan": "fastload.load.workers",

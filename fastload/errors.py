@@ -11,8 +11,11 @@
     │   │   └── StoreChangedError      its data.mdb was rewritten or replaced while it was being read
     │   ├── ChecksumError              a record's bytes do not match its checksum (also a CorruptSampleError)
     │   ├── ManifestError              a sharded store's manifest.json is unreadable or invalid
-    │   └── RemoteStoreError           an object-store operation failed (names the URL: credentials,
-    │                                  missing bucket or object, unreachable endpoint)
+    │   ├── RemoteStoreError           an object-store operation failed (names the URL: credentials,
+    │   │                              missing bucket or object, unreachable endpoint)
+    │   └── ShardCacheError            the node's shard cache cannot provide a shard of a remote store
+    │       ├── ShardIntegrityError    a downloaded shard's size or sha256 is not the manifest's (never used)
+    │       └── CacheFullError         no room within cache_limit (all shards open), or the cache disk is full
     ├── ConvertError                   conversion cannot go on (source mismatch, disk full, bad file in --strict)
     │   └── StoreLockedError           another conversion is writing the same destination
     ├── SourceError                    the input tree / file list is unusable (no images, bad label, missing file)
@@ -47,6 +50,9 @@ __all__ = [
     "ChecksumError",
     "ManifestError",
     "RemoteStoreError",
+    "ShardCacheError",
+    "ShardIntegrityError",
+    "CacheFullError",
     "ConvertError",
     "StoreLockedError",
     "SourceReadError",
@@ -88,6 +94,18 @@ class StoreVersionError(StoreError):
 
 class StoreDamagedError(StoreError):
     """Part of a store is damaged: metadata fails its checksum, the LMDB file is short or corrupt."""
+
+
+class ShardCacheError(StoreError):
+    """The node-local shard cache (``store/cache.py``) cannot provide a shard of a remote store."""
+
+
+class ShardIntegrityError(ShardCacheError):
+    """A downloaded shard is not what the manifest says (size or sha256); it was deleted, never read."""
+
+
+class CacheFullError(ShardCacheError):
+    """The shard cache has no room: ``cache_limit`` is held by shards readers have open, or the disk is full."""
 
 
 class StoreChangedError(StoreDamagedError):

@@ -83,10 +83,13 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               help="A simulated training step after every batch (0: the loader alone).")
 @click.option("--host-ms", type=click.FloatRange(min=0), default=Default(LOADER, "host_ms"), show_default=True,
               help="Of each step, host CPU ms holding the GIL (kernel launches; 8 is the measured ResNet-50 cost).")
+@click.option("--remote", default=None, metavar="URL",
+              help="Instead: the sharded store at URL (s3://, gs://, az://) with a cold and a warm node cache "
+              "against --store, the same store on local disk (fastload.bench.remote).")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     step_ms, host_ms, json_out) -> None:
+                     step_ms, host_ms, remote, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -94,6 +97,14 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     before the next is timed; ratios against torchvision, also per round. A path that
     cannot run on DATA is reported skipped with the reason.
     """
+    if remote is not None:
+        from fastload.bench.remote import RemoteBenchOptions, bench_remote
+
+        if store is None:
+            raise click.UsageError("--remote URL needs --store: the same sharded store on local disk.")
+        emit(bench_remote(store, remote, RemoteBenchOptions(workers=workers, batch_size=batch_size,
+                                                            image_size=image_size, rounds=rounds)), json_out)
+        return
     from fastload.bench.loader import LoaderBenchOptions, bench_loader
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,

@@ -248,7 +248,7 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
 
 
 @click.command()
-@click.argument("store", type=click.Path(path_type=Path))
+@click.argument("store")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
 @click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
               help="Training crop size for the --max-side advice.")
@@ -257,12 +257,19 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
                    "print the --max-side that would load faster (a few seconds on big images).")
 @friendly
 def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
-    """Show what STORE holds: count, classes, bytes, encodings, options, completeness, size advice."""
-    from fastload.store.check import inspect_store
+    """Show what STORE holds: count, classes, bytes, encodings, options, completeness, size advice.
 
+    STORE may be s3://... (gs://, az://): its shards are read through the node shard cache
+    (~/.cache/fastload/shards), downloaded if not there; no size advice for a URL."""
+    from fastload.store.check import inspect_store
+    from fastload.store.remote import is_remote
+
+    remote = is_remote(store)
+    if not remote:
+        store = Path(store)
     info = inspect_store(store)
     advice = None
-    if advise and info["complete"] and info["count"]:
+    if advise and info["complete"] and info["count"] and not remote:
         advice = _advice(store, train_size)
         info["max_side_advice"] = advice if isinstance(advice, str) else advice.to_json()
     if as_json:

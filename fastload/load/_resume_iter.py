@@ -20,6 +20,7 @@ touch samples.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -358,7 +359,16 @@ class ResumableIndex:
             rng_restore(gens, order.rng)
             part = self.stateful_part()
             if part is not None and order.sampler is not None:
-                part.load_state_dict(order.sampler)
+                if callable(getattr(part, "resume_from", None)):
+                    # a sampler that resumes by position (ShardSampler: elastic across world
+                    # sizes, and skipping by reading would download what is skipped); from here
+                    # on the epoch is described by its new state and counts batches from 0
+                    per = self.inner.batch_size if type(self.inner) is BatchSampler else 1
+                    part.resume_from(order.sampler, consumed=skip * per)
+                    order = dataclasses.replace(order, sampler=part.state_dict())
+                    rec.plan, rec.base, skip = dataclasses.replace(plan, batches=0, order=order), 0, 0
+                else:
+                    part.load_state_dict(order.sampler)
             it = iter(self.inner)
             first = list(itertools.islice(it, skip + 1))
         finally:

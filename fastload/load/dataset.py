@@ -25,6 +25,7 @@ from fastload.errors import CorruptSampleError, TooManyCorruptSamplesError
 from fastload.image.fast import decode_pil
 from fastload.image.policy import sample_error
 from fastload.store.reader import StoreReader
+from fastload.store.remote import is_remote
 
 __all__ = ["LMDBImageDataset"]
 
@@ -51,7 +52,12 @@ class LMDBImageDataset(torch.utils.data.Dataset):
     """A fastload store as an ``ImageFolder``-compatible dataset.
 
     Args:
-        path: a store written by ``fastload convert`` (or a directory of its shards).
+        path: a store written by ``fastload convert`` (or a directory of its shards), or the URL
+            of a sharded store in object storage (``s3://bucket/store/``, ``gs://``, ``az://``):
+            its shards are fetched whole into a node-local cache as they are read
+            (``store/cache.py``), and ``fastload.DataLoader`` reads it with a ``ShardSampler``.
+        cache_dir, cache_limit: for a URL: the node's shard cache directory (default
+            ``~/.cache/fastload/shards``) and the bytes it may hold (``"20GB"``; default no limit).
         transform: applied to the PIL image; a fastload preset (``train_transform()``,
             ``eval_transform()``) gets the stored bytes instead and uses the fast path.
         target_transform: applied to the label.
@@ -69,22 +75,61 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
     def __init__(self, path: str | os.PathLike[str], transform: Callable | None = None,
                  target_transform: Callable | None = None, *, on_error: str = "raise",
-                 readahead: bool = False) -> None:
+                 readahead: bool = False, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | str | None = None) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"Unknown value {on_error!r} for argument on_error. Valid values are 'raise', 'skip'.")
-        self._reader = StoreReader(path, readahead=readahead)
+        self.remote = is_remote(str(path))
+        if self.remote:
+            from fastload.store.remote_store import RemoteStoreReader
+
+            self._reader = RemoteStoreReader(str(path), cache_dir=cache_dir, cache_limit=cache_limit)
+        else:
+            if cache_dir is not None or cache_limit is not None:
+                raise ValueError(f"{path}: cache_dir and cache_limit are for stores in object storage "
+                                 "(s3://, gs://, az://); a local store is read in place.")
+            self._reader = StoreReader(path, readahead=readahead)
         self.root = str(path)
         self.transform = transform
         self.target_transform = target_transform
         self.on_error = on_error
         self.classes: list[str] = list(self._reader.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        self.targets: list[int] = self._reader.labels.tolist()
-        self.samples = _Samples(self._reader.paths, self._reader.labels)
+        self._targets: list[int] | None = None if self.remote else self._reader.labels.tolist()
         self.skipped = 0  # samples replaced under on_error="skip", in this process
+
+    @property
+    def targets(self) -> list[int]:
+        """Every sample's label. For a remote store this reads every shard (downloads the store)."""
+        if self._targets is None:
+            self._targets = [self._reader.label(i) for i in range(len(self))]
+        return self._targets
+
+    @targets.setter
+    def targets(self, value: list[int]) -> None:
+        self._targets = value
+
+    @property
+    def samples(self) -> Sequence:
+        """``(relpath, label)`` per sample, as ImageFolder has it (remote: reads every shard)."""
+        if self.remote:
+            return [(self._reader.relpath(i), t) for i, t in enumerate(self.targets)]
+        return _Samples(self._reader.paths, self._reader.labels)
+
+    def prefetch_shards(self, shards: list[int]) -> None:
+        """Download these shards in the background (remote stores; ``ShardSampler`` calls it)."""
+        if self.remote:
+            self._reader.prefetch_shards(shards)
 
     def __len__(self) -> int:
         return len(self._reader)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in store order (one entry for a single store): ``ShardSampler`` reads it."""
+        if self.remote:
+            return self._reader.shard_sizes
+        return [m.count for m in self._reader.metas]
 
     def get_bytes(self, index: int) -> bytes:
         """The encoded image bytes of sample ``index`` exactly as stored."""
@@ -98,7 +143,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
                 return from_bytes(data) if generator is None else from_bytes(data, generator=generator)
             img = decode_pil(data)
         except Exception as exc:
-            raise sample_error(self.root, index, self._reader.paths[index], exc) from exc
+            raise sample_error(self.root, index, self._reader.relpath(index), exc) from exc
         return self.transform(img) if self.transform is not None else img
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
@@ -131,7 +176,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
                         f"decode; the store looks damaged.\nHINT: run `fastload verify {self.root}`."
                     ) from exc
                 index = (index + 1) % n
-        target = int(self._reader.labels[index])
+        target = self._reader.label(index)
         if self.target_transform is not None:
             target = self.target_transform(target)
         return image, target

@@ -98,7 +98,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory = torch.cuda.is_available()
         self.backend = backend  # before torch's __init__, which calls check_worker_number_rationality
         auto_sampler = False
-        if (sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset)
+        if sampler is None and batch_sampler is None and getattr(dataset, "remote", False):
+            # a store in object storage is read shard by shard (load/shards.py), with or without
+            # torch.distributed: a random order over all samples would download every shard at once
+            from fastload.load.shards import ShardSampler
+
+            seed = generator.initial_seed() if generator is not None else 0
+            sampler = ShardSampler(dataset, shuffle=bool(shuffle), seed=seed, drop_last=drop_last)
+            shuffle, auto_sampler = None, True
+        elif (sampler is None and batch_sampler is None and not isinstance(dataset, IterableDataset)
                 and dist.is_available() and dist.is_initialized()):
             seed = generator.initial_seed() if generator is not None else 0
             sampler = DistributedSampler(dataset, shuffle=bool(shuffle), seed=seed, drop_last=drop_last)

@@ -132,6 +132,8 @@ def dataset_identity(dataset) -> str | None:
     checksums and labels (so a moved or copied store still matches); for an ImageFolder-like
     dataset, its relative paths and labels; else None (only the length is compared)."""
     reader = getattr(dataset, "_reader", None)
+    if isinstance(getattr(reader, "identity", None), str):  # a remote store: its manifest's shard sha256s
+        return reader.identity
     crc, labels = getattr(reader, "crc32", None), getattr(reader, "labels", None)
     h = hashlib.sha1()
     if crc is not None and labels is not None:

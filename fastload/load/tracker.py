@@ -91,6 +91,16 @@ class ResumeTracker:
                 return s
         return None
 
+    @staticmethod
+    def shard_sampler(loader):
+        """The loader's ``ShardSampler`` (its seed and epoch count like DistributedSampler's), or None."""
+        from fastload.load.shards import ShardSampler
+
+        for s in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+            if isinstance(s, ShardSampler):
+                return s
+        return None
+
     def iterator(self, loader, new_iterator):
         """This epoch's iterator (``new_iterator()``), positioned where a loaded plan says."""
         plan = self.plan
@@ -131,7 +141,7 @@ class ResumeTracker:
     def facts(self, loader) -> dict:
         if self._ident is None:
             self._ident = (_state.dataset_identity(loader.dataset),)
-        dist_sampler = self.distributed(loader)
+        dist_sampler = self.distributed(loader) or self.shard_sampler(loader)
         if dist_sampler is not None:
             seed = dist_sampler.seed
         else:
@@ -141,7 +151,7 @@ class ResumeTracker:
         except TypeError:
             length = None
         return {"kind": "iterable" if self.iterable else "map", "length": length,
-                "identity": self._ident[0], "seed": seed, "distributed": dist_sampler is not None}
+                "identity": self._ident[0], "seed": seed, "distributed": self.distributed(loader) is not None}
 
     # ---- what the iterators report ----------------------------------------------------------
 
@@ -150,7 +160,7 @@ class ResumeTracker:
         loader = self._loader()
         plan, self.plan = self.plan, None
         seed = None
-        dist_sampler = self.distributed(loader)
+        dist_sampler = self.distributed(loader) or self.shard_sampler(loader)  # seed and epoch from it
         if self.seeding:
             if plan is not None and plan.sample_seed is not None:
                 seed = plan.sample_seed

@@ -38,13 +38,27 @@ DISAGREE_BOUND = {"fastload": 0.0, "pil": 0.0, "torchvision": 0.0, "simplejpeg":
 _RANGE = 128
 
 
-def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """What a store holds: counts, classes, bytes, encodings, options, completeness."""
-    path = Path(path)
-    try:
-        metas = load_store_metas(path)
-    except IncompleteStoreError as exc:
-        return {"path": str(path), "complete": False, "problem": str(exc)}
+def inspect_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """What a store holds: counts, classes, bytes, encodings, options, completeness.
+
+    ``path`` may be the URL of a sharded store in object storage: its shards are read through
+    the node cache (``cache_dir``, default ``remote_store.default_cache_dir()``), downloaded if
+    not there, and summed exactly as a local folder of shards is.
+    """
+    from fastload.store.remote import is_remote
+
+    if is_remote(str(path)):
+        try:
+            metas = _remote_metas(str(path), cache_dir)
+        except IncompleteStoreError as exc:
+            return {"path": str(path), "complete": False, "problem": str(exc)}
+        path = str(path)
+    else:
+        path = Path(path)
+        try:
+            metas = load_store_metas(path)
+        except IncompleteStoreError as exc:
+            return {"path": str(path), "complete": False, "problem": str(exc)}
     labels = np.concatenate([m.labels for m in metas])
     classes = metas[0].classes
     counts = np.bincount(labels, minlength=len(classes)) if len(labels) else np.zeros(len(classes), int)
@@ -77,6 +91,23 @@ def inspect_store(path: str | os.PathLike[str]) -> dict[str, Any]:
                   "psnr_median": [x.get("psnr_median") for x in lossy] if len(lossy) > 1
                   else lossy[0].get("psnr_median")},
     }
+
+
+def _remote_metas(url: str, cache_dir) -> list:
+    from fastload.errors import RemoteStoreError
+    from fastload.store.remote_store import RemoteStoreReader
+
+    try:
+        reader = RemoteStoreReader(url, cache_dir=cache_dir)
+    except RemoteStoreError as exc:
+        if exc.reason == "missing":  # no manifest.json: the conversion has not finished
+            raise IncompleteStoreError(f"{url}: no manifest.json: the store is incomplete.\n"
+                                       "HINT: rerun the `fastload convert` that writes it.") from None
+        raise
+    try:
+        return [reader._shard(i)[1] for i in range(len(reader.specs))]
+    finally:
+        reader.close()
 
 
 @dataclass

@@ -276,6 +276,12 @@ class StoreReader:
         shard = bisect.bisect_right(self.offsets, index) - 1
         return shard, index - self.offsets[shard]
 
+    def label(self, index: int) -> int:
+        return int(self.labels[index])
+
+    def relpath(self, index: int) -> str:
+        return self.paths[index]
+
     def get(self, index: int, *, verify: bool | None = None) -> bytes:
         """The stored bytes of sample ``index``, checked against their crc32 (unless ``verify=False``).
 

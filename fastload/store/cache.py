@@ -1,0 +1,477 @@
+"""The node-local shard cache: whole shards of a remote store, shared by every process of a node.
+
+Owns: fetching a shard WHOLE into ``cache_dir`` (to a temporary name, checked against the
+manifest's size and sha256, published by one atomic ``rename``), leases that keep a shard a
+reader has open from being evicted, least-recently-used eviction under ``cache_limit``, and
+the per-process counters a profiler reads (``stats()``).
+
+Layout (``cache_dir`` may hold anything else: only entries the cache made are ever touched)::
+
+    cache_dir/.fastload-cache.lock          global lock: space accounting and eviction
+    cache_dir/<store key>/shard-…/data.mdb  a complete shard (a store directory)
+    cache_dir/<store key>/shard-…/fastload-cache.json   what makes it ours: url, size, sha256;
+                                            its mtime is the LRU clock (touched at each lease)
+    cache_dir/<store key>/.locks/<shard>.lease  shared flock held by each reader of the shard
+    cache_dir/<store key>/.locks/<shard>.dl     exclusive flock: one download per shard per node
+    cache_dir/<store key>/.partial/<shard>.<pid>   a download in progress (never read)
+    cache_dir/.reserve/<store key>.<shard>   space reserved by a download (flocked while live)
+    cache_dir/.downloads.log                 one JSON line per completed download (``node_downloads``)
+
+Concurrency uses ``fcntl.flock`` only: a crashed process's locks vanish with it, so a crash
+leaves no lock held and no shared-memory segment; its partial file and reservation are
+recognised as stale (their lock is free) and removed by the next process.
+
+Must not: know about S3 or any client (the fetch function is injected; ``store/remote.py``'s
+``download_file`` by default), decode, or open LMDB (``reader.py`` does, on the leased path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastload.errors import CacheFullError, ShardIntegrityError
+
+__all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "node_downloads", "CACHE_META"]
+
+CACHE_META = "fastload-cache.json"
+DOWNLOAD_LOG = ".downloads.log"
+_LOCK = ".fastload-cache.lock"
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
+Fetch = Callable[[str, Path], None]
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """Bytes from ``20GB`` (10**9), ``20GiB`` (2**30), ``512MB``, ``1.5T`` or an int; None: no limit.
+
+    Raises:
+        ValueError: not a size.
+    """
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        if value is not None and value <= 0:
+            raise ValueError(f"cache_limit must be positive, got {value}")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise ValueError(f"Unknown value {value!r} for argument cache_limit. Valid values are a byte count "
+                         "or a size such as '20GB', '512MiB', '1.5T'.")
+    power = " KMGT".index(m.group(2).upper() or " ")
+    n = int(float(m.group(1)) * ((1024 if m.group(3) else 1000) ** power))
+    if n <= 0:
+        raise ValueError(f"cache_limit must be positive, got {value!r}")
+    return n
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardSpec:
+    """One shard as the manifest describes it: where it is and what it must be."""
+
+    name: str
+    url: str
+    size: int
+    sha256: str
+
+
+class _Stats:
+    """Counters of this process (the profiler's hook): read with ``stats()``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.downloads = 0
+        self.bytes_downloaded = 0
+        self.hits = 0
+        self.wait_s = 0.0       # time a reader (not the prefetcher) waited for a shard to arrive
+        self.download_s = 0.0   # time spent downloading, in any thread of this process
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            return {"downloads": self.downloads, "bytes_downloaded": self.bytes_downloaded, "hits": self.hits,
+                    "wait_s": self.wait_s, "download_s": self.download_s}
+
+
+_STATS = _Stats()
+
+
+def stats() -> dict[str, float]:
+    """This process's cache counters: downloads, bytes_downloaded, hits, wait_s (a reader
+    blocked on a shard download), download_s. ``fastload profile`` reads ``wait_s``."""
+    return _STATS.snapshot()
+
+
+def node_downloads(cache_dir: str | os.PathLike[str]) -> list[dict]:
+    """Every download this node's cache completed (all processes): store, shard, bytes, pid, time."""
+    try:
+        text = (Path(cache_dir) / DOWNLOAD_LOG).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+class Lease:
+    """A shard held open by this process: the cache does not evict it until ``release()``."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self._fd, self._pid = path, fd, os.getpid()
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            _LIVE.discard(self)
+            if self._pid == os.getpid():
+                os.close(fd)  # closing the descriptor drops the flock
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+
+_LIVE: set[Lease] = set()
+
+
+def _drop_inherited() -> None:
+    # A forked child holds copies of the parent's lease descriptors; the lock lives until every
+    # copy is closed, so a child that kept them would block eviction for the parent's releases.
+    for lease in list(_LIVE):
+        if lease._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(lease._fd)
+            lease._fd = -1
+    _LIVE.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _try_flock(path: Path, mode: int) -> int | None:
+    """A descriptor holding ``mode | LOCK_NB`` on ``path``, or None when someone else holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class ShardCache:
+    """Whole shards of one remote store in a node-local directory, shared by every process.
+
+    Args:
+        cache_dir: the node's cache directory (created if missing); shared by all stores.
+        store_key: this store's folder name inside it (``key_for(url)``).
+        fetch: ``fetch(url, dest_path)`` writes the object at ``url`` to ``dest_path``.
+        limit: bytes the cache may hold (all stores together; ``parse_size`` strings), None: no limit.
+        wait_s: how long a reader waits for space (other readers' shards to be released)
+            before ``CacheFullError``.
+
+    The constructor touches nothing on disk (it may run in a parent before workers fork).
+    """
+
+    def __init__(self, cache_dir: str | os.PathLike[str], *, store_key: str, fetch: Fetch,
+                 limit: int | str | None = None, wait_s: float = 120.0) -> None:
+        self.dir = Path(cache_dir)
+        self.key = store_key
+        self.fetch = fetch
+        self.limit = parse_size(limit)
+        self.wait_s = wait_s
+
+    @staticmethod
+    def key_for(url: str) -> str:
+        """The folder name of a store's shards: readable, and unique per URL."""
+        tail = re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/").split("://")[-1])[-40:]
+        return f"{tail}-{hashlib.sha1(url.rstrip('/').encode()).hexdigest()[:10]}"
+
+    # ---- paths --------------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        return self.dir / self.key
+
+    def path(self, spec: ShardSpec) -> Path:
+        """Where ``spec``'s shard lives when cached (a store directory)."""
+        return self.root / spec.name
+
+    def _lock(self, spec: ShardSpec, kind: str) -> Path:
+        return self.root / ".locks" / f"{spec.name}.{kind}"
+
+    def _dirs(self) -> None:
+        for d in (self.root / ".locks", self.root / ".partial", self.dir / ".reserve"):
+            d.mkdir(parents=True, exist_ok=True)
+
+    # ---- public -------------------------------------------------------------------------------
+    def cached(self, spec: ShardSpec) -> bool:
+        """Whether ``spec`` is in the cache, complete and of the manifest's sha256."""
+        meta = self._meta(self.path(spec))
+        return meta is not None and meta.get("sha256") == spec.sha256 and meta.get("size") == spec.size
+
+    def acquire(self, spec: ShardSpec) -> Lease:
+        """``spec``'s shard, downloaded if needed, leased to this process until ``release()``.
+
+        Raises:
+            ShardIntegrityError: the downloaded object's size or sha256 is not the manifest's
+                (twice in a row: the object was replaced or damaged in the bucket).
+            CacheFullError: no room within ``limit`` (every other shard is leased) for
+                ``wait_s`` seconds, or the cache disk is full.
+            Whatever ``fetch`` raises (``RemoteStoreError`` for the real client).
+        """
+        self._dirs()
+        t0 = time.perf_counter()
+        waited = False
+        while True:
+            lease = self._lease_if_cached(spec)
+            if lease is not None:
+                if waited:
+                    with _STATS.lock:
+                        _STATS.wait_s += time.perf_counter() - t0
+                else:
+                    with _STATS.lock:
+                        _STATS.hits += 1
+                return lease
+            waited = True
+            self._download(spec, blocking=True)
+
+    def prefetch(self, spec: ShardSpec) -> bool:
+        """Download ``spec`` if absent, without waiting for space or for another downloader.
+
+        Returns whether it is cached now. Never raises for lack of room (the reader that needs
+        the shard will wait for room instead); integrity and fetch errors are raised.
+        """
+        self._dirs()
+        if self.cached(spec):
+            return True
+        return self._download(spec, blocking=False)
+
+    def usage(self) -> int:
+        """Bytes held by complete cached shards (of every store in ``cache_dir``)."""
+        return sum(size for _p, size, _t in self._entries())
+
+    # ---- internals ----------------------------------------------------------------------------
+    @staticmethod
+    def _meta(path: Path) -> dict | None:
+        try:
+            meta = json.loads((path / CACHE_META).read_text())
+            size = (path / "data.mdb").stat().st_size
+        except (OSError, ValueError):
+            return None
+        return meta if isinstance(meta, dict) and meta.get("size") == size else None
+
+    def _lease_if_cached(self, spec: ShardSpec) -> Lease | None:
+        fd = os.open(self._lock(spec, "lease"), os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # eviction holds LOCK_EX only while it deletes
+        if not self.cached(spec):
+            os.close(fd)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(self.path(spec) / CACHE_META)  # the LRU clock
+        lease = Lease(self.path(spec), fd)
+        _LIVE.add(lease)
+        return lease
+
+    def _download(self, spec: ShardSpec, *, blocking: bool) -> bool:
+        dl = self._lock(spec, "dl")
+        fd = os.open(dl, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return False  # another process downloads it: the reader will wait for that one
+            if self.cached(spec):
+                return True
+            final = self.path(spec)
+            if final.exists():  # an older version of this shard (the manifest changed): replace it
+                if not self._evict_one(final):
+                    if not blocking:
+                        return False
+                    raise ShardIntegrityError(
+                        f"{spec.url}: the cached copy at {final} has another sha256 than the manifest and "
+                        "a reader still has it open.\nHINT: the store was rewritten while jobs read it; "
+                        "restart the readers of the old version.")
+            reserve = self._reserve(spec, blocking)
+            if reserve is None:
+                return False
+            try:
+                self._fetch_checked(spec, final)
+            finally:
+                # under the global lock: an accountant must see the reservation or the shard that
+                # replaced it (a scan between the rename and the unlink would otherwise see neither)
+                with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
+                    os.close(reserve[0])
+                    with contextlib.suppress(OSError):
+                        reserve[1].unlink()
+            return True
+        finally:
+            os.close(fd)
+
+    def _fetch_checked(self, spec: ShardSpec, final: Path) -> None:
+        part_dir = self.root / ".partial" / f"{spec.name}.{os.getpid()}.{threading.get_ident()}"
+        for stale in (self.root / ".partial").glob(f"{spec.name}.*"):  # we hold its download lock:
+            shutil.rmtree(stale, ignore_errors=True)                    # these are dead downloads'
+        problem = ""
+        for _attempt in range(2):  # a second try when the bytes disagree: a torn or replaced read
+            shutil.rmtree(part_dir, ignore_errors=True)
+            part_dir.mkdir(parents=True)
+            data = part_dir / "data.mdb"
+            t0 = time.perf_counter()
+            try:
+                self.fetch(spec.url, data)
+            except Exception as exc:
+                shutil.rmtree(part_dir, ignore_errors=True)
+                if _disk_full(exc):
+                    raise CacheFullError(
+                        f"{self.dir}: the cache disk is full while downloading {spec.url} "
+                        f"({spec.size:,} bytes); the partial file was removed.\nHINT: free space on that "
+                        "disk, or set a smaller cache_limit (it must hold a few shards).") from exc
+                raise
+            except BaseException:
+                shutil.rmtree(part_dir, ignore_errors=True)
+                raise
+            finally:
+                with _STATS.lock:
+                    _STATS.download_s += time.perf_counter() - t0
+            size = data.stat().st_size if data.exists() else -1
+            digest = _sha256(data) if size == spec.size else ""
+            with _STATS.lock:
+                _STATS.downloads += 1
+                _STATS.bytes_downloaded += max(size, 0)
+            if size == spec.size and digest == spec.sha256:
+                (part_dir / CACHE_META).write_text(json.dumps(
+                    {"url": spec.url, "size": spec.size, "sha256": spec.sha256, "fetched": time.time()}))
+                os.rename(part_dir, final)  # atomic: a shard is there whole or not at all
+                line = json.dumps({"store": self.key, "shard": spec.name, "bytes": size, "pid": os.getpid(),
+                                   "time": time.time()}) + "\n"
+                fd = os.open(self.dir / DOWNLOAD_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+                try:
+                    os.write(fd, line.encode())  # one small O_APPEND write: whole lines from every process
+                finally:
+                    os.close(fd)
+                return
+            problem = (f"{size:,} bytes instead of {spec.size:,}" if size != spec.size
+                       else f"sha256 {digest[:16]}… instead of the manifest's {spec.sha256[:16]}…")
+        shutil.rmtree(part_dir, ignore_errors=True)
+        raise ShardIntegrityError(
+            f"{spec.url}: the downloaded shard has {problem} (twice); it was not used.\nHINT: the object "
+            "was replaced or damaged after the manifest was written: run `fastload verify` on the store "
+            "URL, or convert it again.")
+
+    def _entries(self) -> list[tuple[Path, int, float]]:
+        """Complete shards the cache made, in every store folder: (path, size, last use)."""
+        out = []
+        for meta in self.dir.glob(f"*/*/{CACHE_META}"):
+            shard = meta.parent
+            info = self._meta(shard)
+            if info is None:
+                continue
+            with contextlib.suppress(OSError):
+                out.append((shard, int(info["size"]), meta.stat().st_mtime))
+        return out
+
+    def _reserved(self) -> int:
+        total = 0
+        for r in (self.dir / ".reserve").glob("*"):
+            fd = _try_flock(r, fcntl.LOCK_EX)
+            if fd is not None:  # nobody holds it: a crashed download's; clean its partial too
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    r.unlink()
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                total += int(r.read_text() or 0)
+        return total
+
+    def _clean_partials(self) -> None:
+        for part in (self.root / ".partial").glob("*"):
+            name = part.name.split(".")[0]
+            fd = _try_flock(self.root / ".locks" / f"{name}.dl", fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if fd is not None:  # no download of that shard runs: the partial is a dead one's
+                shutil.rmtree(part, ignore_errors=True)
+                os.close(fd)
+
+    def _reserve(self, spec: ShardSpec, blocking: bool) -> tuple[int, Path] | None:
+        """Room for ``spec`` within ``limit`` (evicting least-recently-used unleased shards)."""
+        path = self.dir / ".reserve" / f"{self.key}.{spec.name}.{os.getpid()}"
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
+                self._clean_partials()
+                if self.limit is None or self._make_room(spec.size):
+                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                    os.write(fd, str(spec.size).encode())
+                    return fd, path
+            if not blocking:
+                return None
+            if time.monotonic() > deadline:
+                raise CacheFullError(
+                    f"{self.dir}: no room for {spec.url} ({spec.size:,} bytes) within cache_limit "
+                    f"{self.limit:,} bytes for {self.wait_s:.0f} s: every cached shard is open in a reader.\n"
+                    "HINT: raise cache_limit to hold at least the shards every process of this node reads at "
+                    "once (shuffle window + prefetch, per rank), or lower the window.")
+            time.sleep(0.05)
+
+    def _make_room(self, need: int) -> bool:
+        assert self.limit is not None
+        if need > self.limit:
+            raise CacheFullError(f"{self.dir}: one shard ({need:,} bytes) is larger than cache_limit "
+                                 f"({self.limit:,} bytes).\nHINT: raise cache_limit.")
+        entries = sorted(self._entries(), key=lambda e: e[2])
+        used = sum(size for _p, size, _t in entries) + self._reserved()
+        for path, size, _t in entries:
+            if used + need <= self.limit:
+                break
+            if self._evict_one(path):
+                used -= size
+        return used + need <= self.limit
+
+    def _evict_one(self, shard: Path) -> bool:
+        """Delete one cached shard unless a reader holds it; True when gone."""
+        lease = shard.parent / ".locks" / f"{shard.name}.lease"
+        fd = _try_flock(lease, fcntl.LOCK_EX)
+        if fd is None:
+            return False
+        try:
+            gone = shard.parent / ".partial" / f"{shard.name}.evicted.{os.getpid()}"
+            os.rename(shard, gone)  # out of sight at once, then deleted
+            shutil.rmtree(gone, ignore_errors=True)
+            return True
+        except FileNotFoundError:
+            return True
+        finally:
+            os.close(fd)
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """An ENOSPC/EDQUOT anywhere in the chain (the client wraps the OSError in its own error)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,231 @@
+"""Reading a sharded store in object storage, shard by shard, through the node cache.
+
+Owns: ``RemoteStoreReader``, the remote twin of ``reader.StoreReader``: the manifest read
+once, each shard leased from the node's ``ShardCache`` (``cache.py``) when a sample of it is
+first read in this process, opened with the same read-only LMDB handle cache as a local
+store, every record checked against its crc32; at most ``open_shards`` shards leased per
+process (the least recently used is given back first, so the cache may evict it); and
+background prefetch of the shards a sampler says come next.
+
+Labels, relative paths and checksums live in each shard's metadata record, so they are known
+once the shard is here: ``label(i)`` and ``relpath(i)`` download the shard of ``i`` if needed.
+
+Must not: decode, shuffle or decide an order (``load/shards.py`` does), or write to the bucket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import zlib
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fastload.errors import ChecksumError, RemoteStoreError, StoreDamagedError
+from fastload.store import format as fmt
+from fastload.store import remote
+from fastload.store.cache import ShardCache, ShardSpec
+from fastload.store.manifest import MANIFEST_NAME, SHARD_FILE, Manifest
+from fastload.store.reader import open_readonly, read_meta, release
+
+__all__ = ["RemoteStoreReader", "default_cache_dir"]
+
+log = logging.getLogger("fastload")
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/fastload/shards`` (``~/.cache/fastload/shards``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fastload" / "shards"
+
+
+def _download(url: str, dest: Path) -> None:
+    """``remote.download_file``; in a process forked after obstore was used, in a fresh child
+    (``_fetch_child.py`` says why)."""
+    if not any(key[0] != os.getpid() for key in list(remote._STORES)):
+        remote.download_file(url, dest)
+        return
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "fastload.store._fetch_child", url, str(dest)],
+                          capture_output=True, text=True)
+    if proc.returncode == 0:
+        return
+    lines = proc.stderr.strip().splitlines()
+    try:
+        info = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        raise RemoteStoreError(f"{url}: downloading failed: the download process exited with {proc.returncode}: "
+                               f"{' '.join(lines[-3:])[:300]}.\nHINT: rerun; if it persists, check the endpoint",
+                               url=url) from None
+    cause = OSError(info["errno"], "") if info.get("errno") else None
+    raise RemoteStoreError(info["message"], url=info["url"], reason=info["reason"]) from cause
+
+
+class RemoteStoreReader:
+    """Random access to the records of a sharded store in a bucket (``s3://``, ``gs://``, ``az://``).
+
+    Args:
+        url: the store's folder URL (the one holding ``manifest.json``).
+        cache_dir: the node's shard cache (default ``default_cache_dir()``).
+        cache_limit: bytes the cache may hold, or a size string (``"20GB"``); None: no limit.
+        verify: check each record against its crc32 (as local stores do).
+        open_shards: shards one process keeps leased at once (the default window, 4, and one more).
+        fetch: ``fetch(url, path)``, for tests; default ``store.remote.download_file``.
+
+    Raises:
+        RemoteStoreError: the manifest cannot be read (names the URL).
+        ManifestError: it is invalid.
+    """
+
+    remote = True
+
+    def __init__(self, url: str, *, cache_dir: str | os.PathLike[str] | None = None, cache_limit=None,
+                 verify: bool = True, open_shards: int = 5, fetch=None, prefetch_threads: int = 2) -> None:
+        self.path = str(url).rstrip("/") + "/"
+        loc = remote.RemoteLocation.parse(self.path)
+        where = str(loc.child(MANIFEST_NAME))
+        self.manifest = Manifest.from_json(remote.get_bytes(where), where=where)
+        self.verify = verify
+        self.classes = list(self.manifest.classes)
+        self.offsets = [s.start for s in self.manifest.shards] + [self.manifest.num_samples]
+        self.specs = [ShardSpec(name=s.name, url=str(loc.child(f"{s.name}/{SHARD_FILE}")), size=s.bytes,
+                                sha256=s.sha256) for s in self.manifest.shards]
+        self.cache = ShardCache(cache_dir or default_cache_dir(), store_key=ShardCache.key_for(self.path),
+                                fetch=fetch or _download, limit=cache_limit)
+        self.open_shards = max(1, int(open_shards))
+        self.prefetch_threads = prefetch_threads
+        self.identity = "manifest:" + hashlib.sha1("".join(s.sha256 for s in self.manifest.shards).encode()
+                                                   ).hexdigest()[:20]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (lease, meta)
+        self._lock = threading.RLock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def __getstate__(self) -> dict:  # leases, handles and threads stay in the process that made them
+        state = dict(self.__dict__)
+        for k in ("_open", "_lock", "_pool", "_pid"):
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        return [s.count for s in self.manifest.shards]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"{self.path}: index {index} out of range for {len(self)} samples")
+        return self.manifest.locate(index)
+
+    # ---- shards ---------------------------------------------------------------------------
+    def _shard(self, i: int):
+        """``(lease, meta)`` of shard ``i`` in this process, downloading it if needed."""
+        if self._pid != os.getpid():
+            self._reset()  # inherited through fork: the parent's leases are not ours (cache.py drops them)
+        with self._lock:
+            hit = self._open.get(i)
+            if hit is not None:
+                self._open.move_to_end(i)
+                return hit
+            while len(self._open) >= self.open_shards:  # give back the oldest first: it may be evicted
+                _j, (lease, _meta) = self._open.popitem(last=False)
+                release(lease.path)
+                lease.release()
+            spec = self.specs[i]
+            lease = self.cache.acquire(spec)
+            try:
+                meta = read_meta(open_readonly(lease.path), lease.path)
+            except BaseException:
+                release(lease.path)
+                lease.release()
+                raise
+            if meta.count != self.manifest.shards[i].count:
+                release(lease.path)
+                lease.release()
+                raise StoreDamagedError(
+                    f"{spec.url}: the shard holds {meta.count} samples, the manifest says "
+                    f"{self.manifest.shards[i].count}.\nHINT: the store was rewritten after its manifest; "
+                    "convert it again.")
+            self._open[i] = (lease, meta)
+            return lease, meta
+
+    def prefetch_shards(self, shards: list[int]) -> None:
+        """Download these shards in the background (best effort: a reader that needs one waits for it)."""
+        if self._pid != os.getpid():
+            self._reset()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="fastload-prefetch")
+        for i in shards:
+            self._pool.submit(self._prefetch_one, i)
+
+    def _prefetch_one(self, i: int) -> None:
+        try:
+            self.cache.prefetch(self.specs[i])
+        except Exception as exc:  # the reader meets the same error, in the sample that needs it
+            log.warning("prefetch of %s failed: %s", self.specs[i].url, str(exc).splitlines()[0])
+
+    def close(self) -> None:
+        """Give back every shard this process holds (handles closed, leases released)."""
+        with self._lock:
+            while self._open:
+                _i, (lease, _meta) = self._open.popitem(last=False)
+                release(lease.path)
+                lease.release()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # ---- records --------------------------------------------------------------------------
+    def label(self, index: int) -> int:
+        shard, local = self.locate(index)
+        return int(self._shard(shard)[1].labels[local])
+
+    def relpath(self, index: int) -> str:
+        shard, local = self.locate(index)
+        return self._shard(shard)[1].paths[local]
+
+    def get(self, index: int, *, verify: bool | None = None) -> bytes:
+        """The stored bytes of sample ``index``, checked against their crc32 (unless ``verify=False``).
+
+        Raises:
+            ChecksumError: the bytes do not match (or the record is missing); names the sample.
+            ShardCacheError, RemoteStoreError: the shard cannot be fetched.
+        """
+        import lmdb
+
+        shard, local = self.locate(index)
+        lease, meta = self._shard(shard)
+        try:
+            with open_readonly(lease.path).begin(buffers=False) as txn:
+                data = txn.get(fmt.sample_key(local))
+        except lmdb.Error as exc:
+            raise fmt.damaged(lease.path, f"LMDB failed reading sample {index}: {exc}") from None
+        if data is None or (self.verify if verify is None else verify):
+            problem = None
+            if data is None:
+                problem = "its record is missing from the shard"
+            elif zlib.crc32(data) != int(meta.crc32[local]):
+                problem = (f"its bytes fail their checksum (stored crc32 {int(meta.crc32[local]):08x}, "
+                           f"the bytes give {zlib.crc32(data):08x})")
+            if problem is not None:
+                rel = meta.paths[local]
+                raise ChecksumError(
+                    f"{self.path}: sample {index} ({rel}, in {self.specs[shard].name}): {problem}.\n"
+                    f"HINT: run `fastload verify {self.path}`; on_error='skip' skips damaged samples.",
+                    index=index, relpath=rel)
+        return data

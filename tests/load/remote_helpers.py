@@ -1,0 +1,124 @@
+"""Helpers for the streaming tests: publish a local sharded store to a bucket, and a loopback TCP proxy
+that can be slowed down or taken away (the "throttled endpoint" and "endpoint gone" of the tests)."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+from fastload.store import format as fmt
+from fastload.store import remote
+from fastload.store.manifest import MANIFEST_NAME, MANIFEST_VERSION, Manifest, ShardEntry
+from fastload.store.reader import load_store_metas
+
+
+def manifest_for(store: Path) -> Manifest:
+    metas = load_store_metas(store)
+    entries, start = [], 0
+    for m in metas:
+        data = (m.path / "data.mdb").read_bytes()
+        entries.append(ShardEntry(m.path.name, start, m.count, len(data), hashlib.sha256(data).hexdigest()))
+        start += m.count
+    return Manifest(MANIFEST_VERSION, tuple(entries), tuple(metas[0].classes), start, {}, {})
+
+
+def publish(store: Path, url: str) -> Manifest:
+    """Upload every shard's data.mdb, then the manifest (last, as the contract says)."""
+    man = manifest_for(store)
+    loc = remote.RemoteLocation.parse(url)
+    for e in man.shards:
+        remote.upload_file(store / e.name / "data.mdb", loc.child(f"{e.name}/data.mdb"))
+    remote.put_bytes(loc.child(MANIFEST_NAME), man.to_json().encode())
+    return man
+
+
+def sharded_store(tree: Path, dst: Path, shards: int) -> Path:
+    from fastload.pack.convert import ConvertOptions, convert
+
+    for i in range(shards):
+        convert(tree, dst, ConvertOptions(progress=False, workers=1, num_shards=shards, shard_index=i))
+    assert len(fmt.find_shards(dst)) == shards
+    return dst
+
+
+class Proxy:
+    """A loopback TCP proxy to ``target_port``: ``rate`` bytes/s towards the client (None: unlimited);
+    ``down()`` closes every connection and refuses new ones until ``up()``."""
+
+    def __init__(self, target_port: int, rate: float | None = None) -> None:
+        self.target, self.rate = target_port, rate
+        self._up = threading.Event()
+        self._up.set()
+        self._stop = False
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            if not self._up.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.rate), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+        try:
+            while True:
+                data = src.recv(16384)
+                if not data:
+                    break
+                dst.sendall(data)
+                if rate:
+                    time.sleep(len(data) / rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def down(self) -> None:
+        self._up.clear()
+        with self._lock:
+            for c in self._conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                    c.close()
+                except OSError:
+                    pass
+            self._conns.clear()
+
+    def up(self) -> None:
+        self._up.set()
+
+    def close(self) -> None:
+        self._stop = True
+        self.down()
+        self.sock.close()

@@ -1,0 +1,150 @@
+"""A store in (loopback SeaweedFS) object storage, read through the node cache."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import fastload
+from fastload.errors import RemoteStoreError, ShardIntegrityError
+from fastload.store import cache as cache_mod
+from fastload.store import remote
+from remote_helpers import Proxy, publish, sharded_store
+
+
+@pytest.fixture(scope="module")
+def local_shards(tiny_tree, tmp_path_factory):
+    return sharded_store(tiny_tree, tmp_path_factory.mktemp("shards") / "store", 3)
+
+
+@pytest.fixture
+def store_url(s3_server, fresh_bucket, local_shards):
+    url = s3_server.url(fresh_bucket, "stores/tiny/")
+    publish(local_shards, url)
+    return url
+
+
+def downloads() -> int:
+    return cache_mod.stats()["downloads"]
+
+
+def test_same_bytes_labels_and_one_download_per_shard(store_url, local_shards, tmp_path):
+    local = fastload.LMDBImageDataset(local_shards)
+    before = downloads()
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache", cache_limit="1GB")
+    assert ds.remote and len(ds) == len(local) and ds.classes == local.classes
+    assert ds.shard_sizes == local.shard_sizes
+    for i in range(len(ds)):
+        assert ds.get_bytes(i) == local.get_bytes(i)
+        assert ds[i][1] == local[i][1]
+    assert downloads() - before == 3
+    again = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")  # warm: nothing downloaded
+    assert [again.get_bytes(i) for i in range(len(again))] == [local.get_bytes(i) for i in range(len(local))]
+    assert downloads() - before == 3
+    assert ds.targets == local.targets
+
+
+@pytest.mark.parametrize("backend,workers", [("processes", 0), ("processes", 2), ("threads", 2)])
+def test_dataloader_reads_every_sample_once(store_url, local_shards, tmp_path, backend, workers):
+    ds = fastload.LMDBImageDataset(store_url, transform=fastload.eval_transform(size=32),
+                                   cache_dir=tmp_path / "cache")
+    loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, num_workers=workers, backend=backend,
+                                 generator=torch.Generator().manual_seed(3))
+    assert isinstance(loader.sampler, fastload.ShardSampler)
+    labels = [y for _x, ys in loader for y in ys.tolist()]
+    assert sorted(labels) == sorted(fastload.LMDBImageDataset(local_shards).targets)
+
+
+def test_replaced_shard_never_gives_wrong_pixels(store_url, local_shards, tmp_path):
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    ds.get_bytes(0)  # shard 0 cached; now shard 2 is replaced in the bucket by shard 1's bytes
+    loc = remote.RemoteLocation.parse(store_url)
+    name1, name2 = (e.name for e in ds._reader.manifest.shards[1:])
+    remote.put_bytes(loc.child(f"{name2}/data.mdb"), remote.get_bytes(loc.child(f"{name1}/data.mdb")))
+    with pytest.raises(ShardIntegrityError, match=rf"{name2}/data.mdb: the downloaded shard has .*\n.*HINT"):
+        ds.get_bytes(len(ds) - 1)
+    assert not (tmp_path / "cache" / ds._reader.cache.key / name2).exists()
+    remote.delete(loc.child(f"{name1}/data.mdb"))  # deleted: the error names the object
+    with pytest.raises(RemoteStoreError, match=rf"{name1}/data.mdb.*no such object"):
+        ds.get_bytes(ds.shard_sizes[0])
+    assert ds.get_bytes(0)  # the cached shard still reads
+
+
+@pytest.fixture
+def short_retries(monkeypatch):
+    from datetime import timedelta
+
+    monkeypatch.setattr(remote, "RETRY", {"max_retries": 3, "backoff": {
+        "init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=1), "base": 2.0},
+        "retry_timeout": timedelta(seconds=3)})
+    monkeypatch.setattr(remote, "_STORES", {})
+
+
+def test_endpoint_gone_then_back(store_url, s3_server, tmp_path, monkeypatch, short_retries):
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+        proxy.down()
+        t0 = time.monotonic()
+        with pytest.raises(RemoteStoreError, match=r"shard-00000-of-00003/data.mdb.*\n.*HINT"):
+            ds.get_bytes(0)
+        assert time.monotonic() - t0 < 10  # bounded retries, not a hang
+        assert not any((tmp_path / "cache" / ds._reader.cache.key / ".partial").iterdir())
+        proxy.up()
+        assert ds.get_bytes(0)  # the same reader works once the endpoint is back
+    finally:
+        proxy.close()
+
+
+def test_prefetch_downloads_ahead_on_a_slow_link(store_url, s3_server, tmp_path, monkeypatch):
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=2_000_000)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        monkeypatch.setattr(remote, "_STORES", {})
+        ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+        ds.prefetch_shards([1, 2])
+        deadline = time.monotonic() + 60
+        specs = ds._reader.specs
+        while not all(ds._reader.cache.cached(s) for s in specs[1:]):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not ds._reader.cache.cached(specs[0])
+        before = cache_mod.stats()["wait_s"]
+        ds.get_bytes(len(ds) - 1)  # prefetched: no wait
+        assert cache_mod.stats()["wait_s"] == before
+        ds.get_bytes(0)  # not prefetched: the reader waited, and the counter says so
+        assert cache_mod.stats()["wait_s"] > before
+    finally:
+        proxy.close()
+
+
+def test_bench_loader_remote_needs_the_local_store():
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    out = CliRunner().invoke(main, ["bench", "loader", "--remote", "s3://b/store/"])
+    assert out.exit_code == 2 and "--remote URL needs --store" in out.output
+
+
+def test_inspect_a_url_through_the_cache(store_url, local_shards, tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+    from fastload.store.check import inspect_store
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the default cache dir, here
+    out = CliRunner().invoke(main, ["inspect", store_url, "--json"])
+    assert out.exit_code == 0, out.output
+    info, local = json.loads(out.output), inspect_store(local_shards)
+    for key in ("complete", "count", "shards", "classes", "bytes", "encodings", "stored_as"):
+        assert info[key] == local[key], key
+    assert info["path"] == store_url
+    assert (tmp_path / "xdg" / "fastload" / "shards").is_dir()
+    gone = inspect_store(store_url.rstrip("/") + "-missing/", cache_dir=tmp_path / "c")
+    assert not gone["complete"] and "manifest.json" in gone["problem"]

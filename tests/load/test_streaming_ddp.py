@@ -1,0 +1,83 @@
+"""torchrun --nproc_per_node=2 (gloo, CPU) over a store in SeaweedFS: one node, one shared cache."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastload.store.cache import node_downloads
+from remote_helpers import publish, sharded_store
+
+SCRIPT = Path(__file__).with_name("ddp_remote_check.py")
+
+
+def torchrun(n, *args, check=True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(SCRIPT),
+           *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check:
+        errors = [line for line in proc.stderr.splitlines() if "Error" in line and "gloo" not in line]
+        assert proc.returncode == 0, "\n".join(errors[:20]) or proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_two_ranks_remote_store_cache_and_resume(s3_server, fresh_bucket, tiny_tree, tmp_path):
+    local = sharded_store(tiny_tree, tmp_path / "store", 4)
+    url = s3_server.url(fresh_bucket, "tiny/")
+    man = publish(local, url)
+    total = sum(e.bytes for e in man.shards)
+    n = man.num_samples
+
+    # two epochs, cache big enough for the store: one download per shard, none in the warm epoch
+    full = tmp_path / "full"
+    full.mkdir()
+    torchrun(2, url, tmp_path / "cache", full, total, "full", 1)
+    ranks = [json.loads((full / f"full{r}.json").read_text()) for r in (0, 1)]
+    assert {r["sampler"] for r in ranks} == {"ShardSampler"}
+    for e in range(2):
+        a, b = ranks[0]["epochs"][e], ranks[1]["epochs"][e]
+        assert len(a) == len(b) == n // 2 and not set(a) & set(b) and set(a) | set(b) == set(range(n))
+    assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]
+    assert ranks[0]["downloads"][0] == len(man.shards)  # the node's log, after both ranks' epoch: once per node
+    assert ranks[0]["downloads"][1] == 0  # warm epoch
+    log = node_downloads(tmp_path / "cache")
+    assert sorted(d["shard"] for d in log) == sorted(e.name for e in man.shards)
+    assert max(r["usage_max"] for r in ranks) <= total
+
+    # a cache smaller than the store, read one shard at a time (window 1): each rank leases at most
+    # open_shards (5) shards, so 11 shards' bytes hold both ranks' leases; the 12th shard evicts one
+    small_store = sharded_store(tiny_tree, tmp_path / "store12", 12)
+    url12 = s3_server.url(fresh_bucket, "tiny12/")
+    man12 = publish(small_store, url12)
+    small = sum(sorted(e.bytes for e in man12.shards)[1:])  # the 11 largest
+    assert small < sum(e.bytes for e in man12.shards)
+    bounded = tmp_path / "bounded"
+    bounded.mkdir()
+    torchrun(2, url12, tmp_path / "cache-small", bounded, small, "full", 0, 1)
+    for r in (0, 1):
+        assert json.loads((bounded / f"full{r}.json").read_text())["usage_max"] <= small
+
+    # SIGKILL after 2 batches of epoch 0, then resume with 2 ranks (exact) and with 1 (elastic)
+    kill = tmp_path / "kill"
+    kill.mkdir()
+    assert torchrun(2, url, tmp_path / "cache", kill, total, "kill", 0, check=False).returncode != 0
+    consumed = [json.loads((kill / f"kill{r}.json").read_text())["consumed"] for r in (0, 1)]
+    for r in (0, 1):
+        assert consumed[r] == ranks[r]["epochs"][0][:4]
+    same = tmp_path / "same"
+    same.mkdir()
+    (same / "state.pt").write_bytes((kill / "state.pt").read_bytes())
+    torchrun(2, url, tmp_path / "cache", same, total, "resume", 0)
+    for r in (0, 1):
+        assert json.loads((same / f"resume{r}.json").read_text())["epochs"][0] == ranks[r]["epochs"][0][4:]
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "state.pt").write_bytes((kill / "state.pt").read_bytes())
+    torchrun(1, url, tmp_path / "cache", one, total, "resume", 0)
+    rest = json.loads((one / "resume0.json").read_text())["epochs"][0]
+    assert sorted(rest + consumed[0] + consumed[1]) == list(range(n))

@@ -1,0 +1,236 @@
+"""The node-local shard cache against a local folder standing in for the bucket (the fetch is injected)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastload.errors import CacheFullError, ShardIntegrityError
+from fastload.store.cache import CACHE_META, ShardCache, ShardSpec, parse_size, stats
+
+
+def make_remote(root: Path, n: int, size: int = 10_000) -> list[ShardSpec]:
+    specs = []
+    for i in range(n):
+        data = os.urandom(size)
+        p = root / f"shard-{i:05d}-of-{n:05d}" / "data.mdb"
+        p.parent.mkdir(parents=True)
+        p.write_bytes(data)
+        specs.append(ShardSpec(name=p.parent.name, url=str(p), size=size, sha256=hashlib.sha256(data).hexdigest()))
+    return specs
+
+
+class CountingFetch:
+    """Copies a local file and appends one line per download to a log (works across processes)."""
+
+    def __init__(self, log: Path, delay: float = 0.0) -> None:
+        self.log, self.delay = log, delay
+
+    def __call__(self, url: str, dest: Path) -> None:
+        with open(self.log, "a") as f:
+            f.write(Path(url).parent.name + "\n")
+        data = Path(url).read_bytes()
+        with open(dest, "wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            time.sleep(self.delay)
+            f.write(data[len(data) // 2:])
+
+    def count(self) -> dict[str, int]:
+        lines = self.log.read_text().split() if self.log.exists() else []
+        return {n: lines.count(n) for n in set(lines)}
+
+
+def test_parse_size():
+    assert parse_size("20GB") == 20 * 10**9
+    assert parse_size("512MiB") == 512 * 2**20
+    assert parse_size("1.5T") == 1.5e12
+    assert parse_size(1234) == 1234
+    assert parse_size(None) is None
+    with pytest.raises(ValueError, match="cache_limit"):
+        parse_size("lots")
+
+
+def test_fetch_once_then_hit(tmp_path):
+    specs = make_remote(tmp_path / "remote", 2)
+    fetch = CountingFetch(tmp_path / "log")
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=fetch)
+    before = stats()
+    lease = cache.acquire(specs[0])
+    assert (lease.path / "data.mdb").read_bytes() == Path(specs[0].url).read_bytes()
+    lease.release()
+    cache.acquire(specs[0]).release()
+    assert fetch.count() == {specs[0].name: 1}
+    after = stats()
+    assert after["downloads"] - before["downloads"] == 1
+    assert after["hits"] - before["hits"] == 1
+    assert after["bytes_downloaded"] - before["bytes_downloaded"] == specs[0].size
+    assert not any((tmp_path / "cache" / "k" / ".partial").iterdir())
+
+
+def test_wrong_bytes_never_used(tmp_path):
+    specs = make_remote(tmp_path / "remote", 1)
+    bad = ShardSpec(name=specs[0].name, url=specs[0].url, size=specs[0].size, sha256="0" * 64)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"))
+    with pytest.raises(ShardIntegrityError, match=r"sha256.*\n.*HINT"):
+        cache.acquire(bad)
+    assert not cache.path(bad).exists()
+    assert not any((tmp_path / "cache" / "k" / ".partial").iterdir())
+
+
+def test_replaced_shard_is_downloaded_again(tmp_path):
+    specs = make_remote(tmp_path / "remote", 1)
+    fetch = CountingFetch(tmp_path / "log")
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=fetch)
+    cache.acquire(specs[0]).release()
+    new = os.urandom(specs[0].size)
+    Path(specs[0].url).write_bytes(new)
+    spec2 = ShardSpec(name=specs[0].name, url=specs[0].url, size=len(new), sha256=hashlib.sha256(new).hexdigest())
+    lease = cache.acquire(spec2)
+    assert (lease.path / "data.mdb").read_bytes() == new
+    assert fetch.count() == {specs[0].name: 2}
+
+
+def test_lru_eviction_under_limit_spares_leased_and_foreign(tmp_path):
+    specs = make_remote(tmp_path / "remote", 5, size=1000)
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    foreign = cache_dir / "k" / "shard-00099-of-00100"
+    foreign.mkdir(parents=True)
+    (foreign / "data.mdb").write_bytes(b"x" * 5000)  # not ours: never counted, never deleted
+    (cache_dir / "notes.txt").write_text("mine")
+    cache = ShardCache(cache_dir, store_key="k", fetch=CountingFetch(tmp_path / "log"), limit=3000)
+    held = cache.acquire(specs[0])
+    for s in specs[1:]:
+        cache.acquire(s).release()
+        assert cache.usage() <= 3000
+        time.sleep(0.01)  # distinct LRU times
+    assert cache.cached(specs[0])  # leased: kept although least recently used
+    assert [cache.cached(s) for s in specs[1:]] == [False, False, True, True]
+    assert (foreign / "data.mdb").exists() and (cache_dir / "notes.txt").read_text() == "mine"
+    held.release()
+
+
+def test_no_room_is_a_named_error(tmp_path):
+    specs = make_remote(tmp_path / "remote", 3, size=1000)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"), limit=2500,
+                       wait_s=0.3)
+    a, b = cache.acquire(specs[0]), cache.acquire(specs[1])
+    with pytest.raises(CacheFullError, match=r"cache_limit.*\nHINT"):
+        cache.acquire(specs[2])
+    assert not cache.prefetch(specs[2])  # the prefetcher never waits for room
+    a.release()
+    cache.acquire(specs[2]).release()
+    b.release()
+    with pytest.raises(CacheFullError, match="larger than cache_limit"):
+        ShardCache(tmp_path / "c2", store_key="k", fetch=CountingFetch(tmp_path / "log"), limit=10).acquire(specs[0])
+
+
+def test_full_disk_removes_partial(tmp_path):
+    # No small filesystem can be mounted here: the fetch writes half the shard, then the disk
+    # "fills" (OSError ENOSPC, as a real write raises it).
+    specs = make_remote(tmp_path / "remote", 1)
+
+    def fetch(url, dest):
+        Path(dest).write_bytes(Path(url).read_bytes()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=fetch)
+    with pytest.raises(CacheFullError, match=r"disk is full.*partial file was removed"):
+        cache.acquire(specs[0])
+    assert not any((tmp_path / "cache" / "k" / ".partial").iterdir())
+    assert not cache.path(specs[0]).exists()
+
+
+KILLED = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from store.test_cache import CountingFetch
+from fastload.store.cache import ShardCache, ShardSpec
+spec = ShardSpec(name={name!r}, url={url!r}, size={size}, sha256={sha!r})
+ShardCache({cache!r}, store_key="k", fetch=CountingFetch(Path({log!r}), delay=60)).acquire(spec)
+"""
+
+
+def test_download_killed_midway_partial_never_used(tmp_path):
+    specs = make_remote(tmp_path / "remote", 1, size=100_000)
+    s = specs[0]
+    log = tmp_path / "log"
+    code = KILLED.format(tests=str(Path(__file__).parents[1]), name=s.name, url=s.url, size=s.size, sha=s.sha256,
+                         cache=str(tmp_path / "cache"), log=str(log))
+    proc = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    partial = tmp_path / "cache" / "k" / ".partial"
+    deadline = time.monotonic() + 60
+    while not (partial.exists() and any(p.glob("data.mdb") for p in partial.iterdir())):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fetch = CountingFetch(log)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=fetch)
+    assert not cache.cached(s)
+    lease = cache.acquire(s)
+    assert (lease.path / "data.mdb").read_bytes() == Path(s.url).read_bytes()
+    assert fetch.count() == {s.name: 2}  # the killed one, and ours
+    assert not any(partial.iterdir())  # the dead download's partial was cleaned up
+    lease.release()
+
+
+def _fill(cache_dir: str, specs: list[ShardSpec], log: str, limit: int, seed: int) -> None:
+    import random
+
+    cache = ShardCache(cache_dir, store_key="k", fetch=CountingFetch(Path(log), delay=0.01), limit=limit)
+    order = list(specs) * 2
+    random.Random(seed).shuffle(order)
+    held = []
+    for s in order:
+        if len(held) >= 3:  # a reader keeps a few shards open, as RemoteStoreReader does
+            held.pop(0).release()
+        held.append(cache.acquire(s))
+        assert (held[-1].path / "data.mdb").stat().st_size == s.size
+        assert cache.usage() <= limit
+
+
+def test_two_processes_fill_one_cache(tmp_path):
+    specs = make_remote(tmp_path / "remote", 12, size=20_000)
+    log = tmp_path / "log"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path / "cache"), specs, str(log), 10**9, seed))
+             for seed in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert CountingFetch(log).count() == {s.name: 1 for s in specs}  # one download per shard per node
+    # bounded: two processes holding 3 shards each, evicting into a cache of 7: never over it
+    # (a race the torchrun test met: a scan between a download's rename and its unreservation saw
+    # neither; this test does not hit that window reliably, the torchrun one did)
+    log.unlink()
+    procs = [ctx.Process(target=_fill, args=(str(tmp_path / "cache2"), specs, str(log), 140_000, seed))
+             for seed in (3, 4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert ShardCache(tmp_path / "cache2", store_key="k", fetch=None, limit=140_000).usage() <= 140_000
+
+
+def test_meta_marks_ours(tmp_path):
+    specs = make_remote(tmp_path / "remote", 1)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"))
+    lease = cache.acquire(specs[0])
+    assert (lease.path / CACHE_META).exists()
+    assert ShardCache.key_for("s3://b/x/") == ShardCache.key_for("s3://b/x")
+    lease.release()
