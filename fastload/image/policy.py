@@ -67,6 +67,7 @@ Must not: import torch or anything from the rooms above (``store/``, ``pack/``, 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
 import re
@@ -411,7 +412,10 @@ def read_source_file(path: str, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> b
     except PermissionError:
         raise BadImage("permission denied") from None
     except OSError as exc:
-        raise BadImage(f"cannot read: {exc}") from None
+        if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENOTDIR, errno.ENXIO):
+            raise BadImage(f"cannot read: {exc}") from None  # what the tree is, every time
+        raise  # EIO, ESTALE, ETIMEDOUT...: the file exists but could not be read now, which is not a bad
+        # image; conversion fails (and is rerun) rather than skip it for good
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

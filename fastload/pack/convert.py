@@ -400,6 +400,14 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
                 puts.append((fmt.sample_key(stored + chunk.stored), data))
                 chunk.add(label=label, crc32=zlib.crc32(data), encoding=value.encoding, stored_as=value.stored_as,
                           reason=value.reason, path=rel, nbytes=len(data), psnr=value.psnr)
+            elif not ok and getattr(value, "io", False):
+                # the file could not be read now (disk, object store): not a bad image. Keep what is
+                # committed and stop, so a rerun reads it again instead of it being skipped for good.
+                chunk.consumed -= 1
+                flush()
+                from fastload.pack.engines import _read_failed
+
+                raise _read_failed(src.abspath(rel), value)
             else:
                 reason = value.reason if isinstance(value, Rejected) else value
                 chunk.skipped.append({"relpath": rel, "reason": reason})
