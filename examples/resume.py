@@ -16,9 +16,7 @@ import os
 import torch
 import torch.nn as nn
 
-from fastload import DataLoader, LMDBImageDataset
-from fastload.load.prefetch import prepare_batch
-from fastload.load.transforms import collate_uint8, train_transform
+from fastload import DataLoader, LMDBImageDataset, collate_uint8, prepare_batch, train_transform
 
 
 def main() -> None:

@@ -4,6 +4,9 @@ The public surface is ``__all__``. Names are imported on first use (PEP 562), so
 ``import fastload`` is cheap, works without the optional extras (DALI, matplotlib, NVML)
 and does not import torch until a torch-facing name is touched; conversion worker
 processes rely on that.
+
+Must not: import a room at import time; export a name that is not in ``__all__`` (a test
+holds ``__all__`` against the modules, another the API reference against ``__all__``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "DataLoader": "fastload.load.loader",
     "ShardSampler": "fastload.load.shards",
     "DevicePrefetcher": "fastload.load.prefetch",
+    "prepare_batch": "fastload.load.prefetch",
     "auto_num_workers": "fastload.load.workers",
     "worker_plan": "fastload.load.workers",
     "shm_plan": "fastload.load.workers",

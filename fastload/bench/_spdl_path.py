@@ -95,7 +95,7 @@ class SPDLLoader:
         self.samples, self.batch_size, self.size = samples, batch_size, image_size
         self.threads, self.timeout_s = max(1, threads), timeout_s
         preset = train_transform(image_size)
-        self._crop, self._flip_p = preset._rrc, preset.flip_p  # the sampler every other path draws from
+        self._crop, self._flip_p = preset.crop_box, preset.flip_p  # the sampler every other path draws from
         self._source = _Epochs(samples, seed)
         self._pipeline: Any = None
         self._error: str | None = None  # the first file SPDL failed on, for the message

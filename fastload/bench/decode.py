@@ -1,7 +1,7 @@
 """``fastload bench decode``: what each piece of the fast CPU path costs per image, one core.
 
-Owns: timing, on one thread and in interleaved rounds, the single operations the README's
-"fast CPU path" section compares, over the JPEGs of one folder with the same
+Owns: timing, on one thread and in interleaved rounds, the single operations the "fast CPU path"
+section of docs/loader.md compares, over the JPEGs of one folder with the same
 random-resized-crop boxes (fixed seed) for every method:
 
 * ``region`` — nvImageCodec decodes only the crop box (``image.fast.decode_rgb_region``),

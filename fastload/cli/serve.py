@@ -83,7 +83,7 @@ FRONT = "fastload.serve.routes:FrontOptions"
               help="On SIGTERM, seconds to finish accepted requests.")
 @click.option("--front", type=click.Choice(["stdlib", "asgi"]), default=Default(FRONT, "server"), show_default=True,
               help="HTTP front: the standard library's (a thread per connection, every timeout above) or uvicorn + "
-                   "starlette ('fastload[serve]' extra: an event loop, no thread per connection; see the README).")
+                   "starlette ('fastload[serve]' extra: an event loop, no thread per connection; see docs/serving.md).")
 @friendly
 def serve(model_name, batch_ms, weights, num_classes, classes_file, host, port, max_batch, max_wait_ms, max_queue,
           devices, device, replicas, cpu_fallback, dtype, workers, size, resize, gpu_decode_min_batch, max_pixels,

@@ -7,20 +7,22 @@ or 1/8 when the caller says how small the result may be) and the reference decod
 format and for any JPEG the fast decoder refuses. Failures raise ``BadImage``; readers
 turn it into ``CorruptSampleError`` naming the sample (``policy.sample_error``).
 
-Why simplejpeg: it is libjpeg-turbo's TurboJPEG API in a self-contained wheel. On this
-project's 2-core reference machine it decodes an ImageNet-sized JPEG in ~0.85 ms against
-Pillow's ~1.2 ms, and it exposes libjpeg-turbo's scaled decode, which Pillow's ``draft``
-only offers at 1/2 and below and ``torchvision.io.decode_jpeg`` not at all. Only the
-power-of-two scales are used: libjpeg-turbo's SIMD IDCT covers them, and the other
-eighths measured slower than a full decode.
+Why simplejpeg: it is libjpeg-turbo's TurboJPEG API in a self-contained wheel, faster than
+Pillow for a full decode, and it exposes libjpeg-turbo's scaled decode, which Pillow's
+``draft`` only offers at 1/2 and below and ``torchvision.io.decode_jpeg`` not at all. Only
+the power-of-two scales are used: libjpeg-turbo's SIMD IDCT covers them, and the other
+eighths were slower than a full decode. ``fastload bench decode`` times simplejpeg against
+Pillow and region against full decode; its figures are in docs/loader.md ("The fast CPU
+path") and docs/benchmarks.md.
 
 Region decode (``decode_rgb_region``): a random-resized crop keeps about half of the
 image on average; libjpeg-turbo can skip the scanlines and columns outside it. No
 pure-Python binding exposes that except NVIDIA's nvImageCodec, whose CPU backend is
 libjpeg-turbo with region support; it is installed with the ``dali`` extra (or alone:
 ``pip install nvidia-nvimgcodec-cu13``) and runs without a GPU. When it imports, JPEG
-regions are decoded with it (bit-identical to cropping simplejpeg's full decode, ~24% less
-time for a 60%×60% region here); otherwise the full image is decoded and sliced.
+regions are decoded with it (bit-identical to cropping simplejpeg's full decode, and
+faster for a region: the ``region`` row of ``fastload bench decode``); otherwise the full
+image is decoded and sliced.
 ``jpeg_backend()`` says which is in use.
 
 Threads: every function here may be called from many threads at once. simplejpeg and

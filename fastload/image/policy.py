@@ -51,17 +51,13 @@ chroma.
 
 Non-JPEG sources (PNG, WebP, TIFF, GIF, BMP, ...) are re-encoded as JPEG quality 95, 4:4:4
 (``stored_as`` "reencoded", lossy, its PSNR recorded) unless ``lossless=True``
-(``convert --lossless``). Why, measured by ``fastload bench encode`` (README, "Which
-encoding for non-JPEG sources"): a PNG is decoded whole, every epoch, by zlib and Pillow,
+(``convert --lossless``). Why: a PNG is decoded whole, every epoch, by zlib and Pillow,
 while a JPEG gets libjpeg-turbo's DCT-scaled and region decode on the CPU and nvJPEG on the
-GPU. On the reference machine JPEG q95 4:4:4 loaded 4.0x faster than lossless PNG in the
-train preset on the default data and 4.9x on 12 MP photos, at 0.36-0.37x the bytes and a
-median PSNR of 45-46 dB (40 dB at worst) on these noise-textured images; real photo
-folders were not measured. WebP lossless
-was 1.35x faster than PNG on small images and 0.89x on 12 MP ones, and 2-4x slower to
-encode. With ``lossless=True`` the old rule holds: non-interlaced 8-bit RGB or grayscale
-PNGs that pass the checks are stored as-is and every other non-JPEG source as lossless PNG
-(bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
+GPU. ``fastload bench encode`` measures the trade (load speed in the train preset, bytes,
+PSNR, encode cost) on any folder; its figures, with the commands that printed them, are in
+docs/benchmarks.md ("Which encoding for non-JPEG sources"). With ``lossless=True`` the
+old rule holds: non-interlaced 8-bit RGB or grayscale PNGs that pass the checks are stored
+as-is and every other non-JPEG source as lossless PNG (bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
 strictly, before it is accepted; the PSNR of every lossy write against the pixels it
 encodes is returned (``Prepared.psnr``).
 
@@ -71,6 +67,7 @@ Must not: import torch or anything from the rooms above (``store/``, ``pack/``, 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
 import re
@@ -89,7 +86,7 @@ from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, ra
 __all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
            "AUTO_RAW_MAX_PIXELS", "LOSSY_REENCODE", "psnr", "is_jpeg", "sniff", "jpeg_frame", "raw_header",
            "encode_raw", "check_pixels",
-           "open_image", "to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
+           "open_image", "to_rgb", "mode_to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
            "jpeg_damage", "prepare", "read_source_file", "prepare_file", "sample_error"]
 
 #: Pillow's own hard limit (2 × ``Image.MAX_IMAGE_PIXELS``): nothing Pillow accepts is refused.
@@ -209,6 +206,19 @@ def to_rgb(img: Image.Image) -> Image.Image:
                 img = ImageOps.exif_transpose(img)
             except Exception:  # an unreadable orientation is not worth losing the image
                 pass
+    return mode_to_rgb(img)
+
+
+def mode_to_rgb(img: Image.Image) -> Image.Image:
+    """A loaded image of any mode → the 8-bit RGB image the rule says (16-bit: the high byte; alpha and
+    ``tRNS`` dropped; ``F`` as in the module docstring), without EXIF orientation. The presets use it
+    on PIL images they are given, so those follow the same rule as the bytes they decode.
+
+    Raises:
+        BadImage: the pixels cannot be converted at all.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
             out = _mode_to_rgb(img)
         except Exception:
@@ -402,7 +412,10 @@ def read_source_file(path: str, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> b
     except PermissionError:
         raise BadImage("permission denied") from None
     except OSError as exc:
-        raise BadImage(f"cannot read: {exc}") from None
+        if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENOTDIR, errno.ENXIO):
+            raise BadImage(f"cannot read: {exc}") from None  # what the tree is, every time
+        raise  # EIO, ESTALE, ETIMEDOUT...: the file exists but could not be read now, which is not a bad
+        # image; conversion fails (and is rerun) rather than skip it for good
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

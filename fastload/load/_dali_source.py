@@ -15,6 +15,9 @@ first epoch, the list of global indices this rank has left (``resume``; computed
 loader with the elastic rule of ``fastload.load.state``), and from its second epoch on the
 plain per-epoch order of epoch ``epoch_offset + epoch_idx``.
 Skipped samples (``without``): a sample known to be bad is replaced by the next good index.
+
+Must not: import torch or DALI (the spawned workers import this module), or hold a store
+handle of its own (``StoreReader`` opens one per process).
 """
 
 from __future__ import annotations

@@ -46,7 +46,6 @@ Must not: be imported by ``fastload/__init__`` eagerly.
 from __future__ import annotations
 
 import gc
-import logging
 import math
 import os
 import warnings
@@ -56,15 +55,14 @@ from pathlib import Path
 
 import torch
 
-from fastload.errors import (CorruptSampleError, MissingDependencyError, ResumeStateError, TooManyCorruptSamplesError,
-                             WorkerStartError)
+from fastload.errors import CorruptSampleError, MissingDependencyError, ResumeStateError, WorkerStartError
 from fastload.load import state as _state
+from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
 
 __all__ = ["DALILoader", "DALIOptions", "dali_available"]
 
-log = logging.getLogger("fastload")
 
 os.register_at_fork(after_in_child=gc.freeze)  # see "Forked children" above
 
@@ -81,7 +79,6 @@ _GUARD_HINT = (
     "whose workers are started with 'spawn': each re-imports your script, so a script that builds a "
     "DALILoader at module level starts it again in every worker.\nHINT: put the code that builds and runs the "
     "loader under `if __name__ == \"__main__\":` (as PyTorch's DataLoader docs ask for num_workers > 0).")
-MAX_CONSECUTIVE_SKIPS = 20
 
 
 def _require_dali():
@@ -184,8 +181,7 @@ class DALILoader:
         opt = options or DALIOptions()
         if device not in ("auto", "gpu", "cpu"):
             raise ValueError(f"Unknown value {device!r} for argument device. Valid values are 'auto', 'gpu', 'cpu'.")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"Unknown value {on_error!r} for argument on_error. Valid values are 'raise', 'skip'.")
+        check_on_error(on_error)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         device = {"cuda": "gpu"}.get(resolve_device("cuda" if device == "gpu" else device, what="device").type, "cpu")
@@ -376,11 +372,8 @@ class DALILoader:
                     bad.__context__ = bad.__cause__ = None
                     failures += 1
                     self.skipped += 1
-                    log.warning("skipping %s (skipped %d so far)", bad.args[0].splitlines()[0], self.skipped)
-                    if failures > MAX_CONSECUTIVE_SKIPS:
-                        raise TooManyCorruptSamplesError(
-                            f"{self.source}: {failures} samples failed in a row near batch {k} of epoch {epoch}; "
-                            f"the store looks damaged.\nHINT: run `fastload verify {self.source}`.") from bad
+                    record_skip(self.source, bad, skipped=self.skipped, run=failures,
+                                where=f"near batch {k} of epoch {epoch}")
                     self._src = self._src.without(bad.index)  # rebuilt at the same batch, the sample replaced
                 continue
             failures = 0

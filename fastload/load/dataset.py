@@ -4,9 +4,9 @@ Owns: the dataset object (``classes``, ``class_to_idx``, ``targets``, ``samples`
 ``get_bytes``), choosing the decode path per transform, and the ``on_error`` policy.
 
 Decode path: with no transform, or any torchvision-style transform, a sample is the PIL
-RGB image ``ImageFolder`` would give (Pillow's decoder). When the transform is one of
-fastload's presets (anything with a ``from_bytes`` method) it gets the stored bytes and
-decodes only what it needs (``transforms.py``).
+RGB image ``ImageFolder`` would give (Pillow's decoder). When the transform is a preset
+(``is_preset``: the ``Preset`` contract of ``transforms.py``) it gets the stored bytes and
+decodes only what it needs.
 
 Must not: open LMDB in ``__init__`` beyond reading the metadata (handles are per process,
 in ``store.reader.StoreReader``), or batch.
@@ -14,23 +14,21 @@ in ``store.reader.StoreReader``), or batch.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.utils.data
 
-from fastload.errors import CorruptSampleError, TooManyCorruptSamplesError
+from fastload.errors import CorruptSampleError
 from fastload.image.fast import decode_pil
 from fastload.image.policy import sample_error
+from fastload.load.skips import check_on_error, record_skip
+from fastload.load.transforms import is_preset
 from fastload.store.reader import StoreReader
 from fastload.store.remote import is_remote
 
 __all__ = ["LMDBImageDataset"]
-
-log = logging.getLogger("fastload")
-MAX_CONSECUTIVE_SKIPS = 20
 
 
 class _Samples(Sequence):
@@ -77,8 +75,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
                  target_transform: Callable | None = None, *, on_error: str = "raise",
                  readahead: bool = False, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | str | None = None) -> None:
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"Unknown value {on_error!r} for argument on_error. Valid values are 'raise', 'skip'.")
+        check_on_error(on_error)
         self.remote = is_remote(str(path))
         if self.remote:
             from fastload.store.remote_store import RemoteStoreReader
@@ -137,9 +134,9 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
     def _load(self, index: int, generator: torch.Generator | None = None) -> Any:
         data = self._reader.get(index)
-        from_bytes = getattr(self.transform, "from_bytes", None)
         try:
-            if from_bytes is not None:
+            if is_preset(self.transform):
+                from_bytes = self.transform.from_bytes
                 return from_bytes(data) if generator is None else from_bytes(data, generator=generator)
             img = decode_pil(data)
         except Exception as exc:
@@ -168,13 +165,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
                     raise
                 self.skipped += 1
                 tried += 1
-                log.warning("skipping %s (skipped %d so far in this process)",
-                            exc.args[0].splitlines()[0], self.skipped)
-                if tried > MAX_CONSECUTIVE_SKIPS:
-                    raise TooManyCorruptSamplesError(
-                        f"{self.root}: {tried} consecutive samples from index {index - tried + 1} failed to "
-                        f"decode; the store looks damaged.\nHINT: run `fastload verify {self.root}`."
-                    ) from exc
+                record_skip(self.root, exc, skipped=self.skipped, run=tried, where=f"from index {index - tried + 1}")
                 index = (index + 1) % n
         target = self._reader.label(index)
         if self.target_transform is not None:

@@ -53,6 +53,7 @@ from fastload.load import _resume_iter as _ri
 from fastload.load import state as _state
 from fastload.load.tracker import ResumeTracker
 from fastload.load.dataset import LMDBImageDataset
+from fastload.load.transforms import preset_size
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
 BACKENDS = ("processes", "threads")
@@ -275,8 +276,8 @@ def _estimate_batch_bytes(loader: DataLoader) -> int:
     to the workers to report, with their context); other datasets are not checked.
     """
     ds, bs = loader.dataset, loader.batch_size or 1
-    size = getattr(getattr(ds, "transform", None), "size", None)
-    if _state.uses_fastload_preset(ds) and isinstance(size, int):
+    size = preset_size(getattr(ds, "transform", None))
+    if size is not None:
         return bs * (3 * size * size + 8)
     if isinstance(ds, IterableDataset) or not _safe_to_sample_here(ds):
         return 0

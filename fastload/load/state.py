@@ -66,6 +66,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from fastload.errors import ResumeStateError
+from fastload.load.transforms import is_preset
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "DatasetFacts", "ReplayOrder",
            "DistributedOrder", "WorkerStates", "FetcherState", "dataset_identity", "mix_seed", "segment",
@@ -124,7 +125,7 @@ def seeded_get(dataset, index) -> Any:
 
 def uses_fastload_preset(dataset) -> bool:
     """True when a map-style dataset's transform is a fastload preset (it decodes from bytes)."""
-    return callable(getattr(getattr(dataset, "transform", None), "from_bytes", None))
+    return is_preset(getattr(dataset, "transform", None))
 
 
 def dataset_identity(dataset) -> str | None:

@@ -90,7 +90,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.state import mix_seed
-from fastload.load.transforms import collate_uint8
+from fastload.load.transforms import collate_uint8, is_preset, preset_size
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 
@@ -129,8 +129,7 @@ def _own_getitem(ds) -> bool:
 def _fast_path(loader) -> bool:
     ds = loader.dataset
     transform = getattr(ds, "transform", None)
-    return (_own_getitem(ds) and callable(getattr(transform, "from_bytes", None))
-            and isinstance(getattr(transform, "size", None), int) and ds.target_transform is None
+    return (_own_getitem(ds) and preset_size(transform) is not None and ds.target_transform is None
             and loader._auto_collation and loader.collate_fn in (default_collate, collate_uint8))
 
 
@@ -258,10 +257,10 @@ class _Job:
         self.auto_collation = loader._auto_collation
         self.pin = bool(loader.pin_memory) and torch.cuda.is_available()
         self.sample_seed, self.epoch, self.fast, self.stopping = sample_seed, epoch, fast, stopping
-        from_bytes = getattr(getattr(self.dataset, "transform", None), "from_bytes", None)
+        transform = getattr(self.dataset, "transform", None)
         # the generic path seeds too when the dataset can take a generator (what the processes
         # backend does with torch's RNG, which threads share and so cannot seed per sample)
-        self.seeded = (sample_seed is not None and from_bytes is not None and _takes_generator(from_bytes)
+        self.seeded = (sample_seed is not None and is_preset(transform) and _takes_generator(transform.from_bytes)
                        and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)

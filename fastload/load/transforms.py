@@ -26,16 +26,48 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
+from fastload.image.policy import mode_to_rgb
 
 __all__ = [
-    "IMAGENET_MEAN", "IMAGENET_STD", "TrainTransform", "EvalTransform", "train_transform",
-    "eval_transform", "collate_uint8", "normalize", "rrc_params",
+    "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
+    "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params",
 ]
+
+@runtime_checkable
+class Preset(Protocol):
+    """The preset contract, written once: a transform fastload hands the stored bytes.
+
+    ``from_bytes(data, generator=None)`` takes one image's encoded bytes and returns a
+    ``uint8`` CHW tensor, drawing any randomness from ``generator`` when one is given (the
+    thread pipeline and resume give each sample its own). ``TrainTransform`` and
+    ``EvalTransform`` are fastload's; any transform with a callable ``from_bytes`` is treated
+    alike: ``LMDBImageDataset`` and the serving batcher hand it bytes instead of a PIL image,
+    and a resumed loader seeds it per sample. Optionally an integer ``size`` (the output is
+    ``size`` x ``size``): then the thread pipeline writes into preallocated batch buffers and
+    the ``/dev/shm`` preflight knows a batch's bytes (``preset_size``).
+
+    Test for it with ``is_preset(transform)``, nowhere else.
+    """
+
+    def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor: ...
+
+
+def is_preset(transform: object) -> bool:
+    """Whether ``transform`` follows the preset contract (``Preset``): it takes the stored bytes."""
+    return callable(getattr(transform, "from_bytes", None))
+
+
+def preset_size(transform: object) -> int | None:
+    """The output side of a preset that says it (an integer ``size``), else None."""
+    size = getattr(transform, "size", None)
+    return size if is_preset(transform) and isinstance(size, int) else None
+
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -105,7 +137,9 @@ def _as_chw(img) -> torch.Tensor:
             raise TypeError(f"expected a uint8 CHW tensor, got {img.dtype} of shape {tuple(img.shape)}")
         return img
     if not isinstance(img, np.ndarray):
-        img = np.array(img.convert("RGB"))  # a writable copy: torch refuses read-only buffers
+        # the image policy's rule, as from_bytes decodes: a 16-bit grayscale image keeps its high byte
+        # (Pillow's convert("RGB") clips it, 130 grey levels off on average on a full-range ramp)
+        img = np.array(img if img.mode == "RGB" else mode_to_rgb(img))  # a writable copy for torch
     if img.ndim == 2:
         img = np.repeat(img[:, :, None], 3, axis=2)
     if not img.flags.writeable or not img.flags.c_contiguous:
@@ -133,6 +167,14 @@ class TrainTransform:
         self.size, self.scale, self.ratio, self.flip_p = size, tuple(scale), tuple(ratio), flip_p
         self._rrc = _RRC(self.scale, self.ratio)
 
+    def crop_box(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
+        """The next random-resized crop ``(top, left, height, width)`` for an image of that size.
+
+        Drawn exactly as ``from_bytes`` draws it (from ``generator``, else torch's global RNG),
+        so another decoder can reproduce the preset's crops.
+        """
+        return self._rrc(height, width, generator)
+
     def _finish(self, chw: torch.Tensor, flip: bool) -> torch.Tensor:
         out = _resize(chw, [self.size, self.size])
         return out.flip(-1) if flip else out
@@ -144,7 +186,7 @@ class TrainTransform:
         gives each sample its own), else from torch's global RNG.
         """
         h, w = image_size(data)
-        i, j, ch, cw = self._rrc(h, w, generator)
+        i, j, ch, cw = self.crop_box(h, w, generator)
         flip = bool(torch.rand(1, generator=generator) < self.flip_p)
         min_h, min_w = math.ceil(h * self.size / ch), math.ceil(w * self.size / cw)
         if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
@@ -163,7 +205,7 @@ class TrainTransform:
 
     def __call__(self, img) -> torch.Tensor:
         chw = _as_chw(img)
-        i, j, ch, cw = self._rrc(chw.shape[1], chw.shape[2])
+        i, j, ch, cw = self.crop_box(chw.shape[1], chw.shape[2])
         flip = bool(torch.rand(1) < self.flip_p)
         return self._finish(chw[:, i:i + ch, j:j + cw], flip)
 
@@ -182,12 +224,14 @@ class EvalTransform:
             raise ValueError(f"need 1 <= size <= resize, got size={size}, resize={resize}")
         self.size, self.resize = size, resize
 
-    def _target(self, h: int, w: int) -> list[int]:
+    def resize_target(self, h: int, w: int) -> list[int]:
+        """``[height, width]`` an ``h`` x ``w`` image is resized to before the center crop."""
         if h <= w:
             return [self.resize, int(self.resize * w / h)]
         return [int(self.resize * h / w), self.resize]
 
-    def _finish(self, chw: torch.Tensor, target: list[int]) -> torch.Tensor:
+    def resize_and_crop(self, chw: torch.Tensor, target: list[int]) -> torch.Tensor:
+        """Resize a ``uint8`` CHW image to ``target`` (a no-op when it is that size already), center-crop ``size``."""
         out = _resize(chw, target)
         top = int(round((target[0] - self.size) / 2.0))
         left = int(round((target[1] - self.size) / 2.0))
@@ -199,13 +243,13 @@ class EvalTransform:
         ``generator`` is accepted for symmetry with ``TrainTransform`` and unused (no randomness).
         """
         h, w = image_size(data)
-        target = self._target(h, w)
+        target = self.resize_target(h, w)
         arr = decode_rgb_fast(data, min_height=target[0], min_width=target[1], size=(h, w))
-        return self._finish(torch.from_numpy(arr).permute(2, 0, 1), target)
+        return self.resize_and_crop(torch.from_numpy(arr).permute(2, 0, 1), target)
 
     def __call__(self, img) -> torch.Tensor:
         chw = _as_chw(img)
-        return self._finish(chw, self._target(chw.shape[1], chw.shape[2]))
+        return self.resize_and_crop(chw, self.resize_target(chw.shape[1], chw.shape[2]))
 
     def __repr__(self) -> str:
         return f"EvalTransform(size={self.size}, resize={self.resize})"

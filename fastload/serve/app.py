@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import ServeError
-from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES
+from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES
 from fastload.serve.routes import FrontOptions
 
 __all__ = ["ServeOptions", "run_server", "build_router"]
@@ -62,7 +62,7 @@ class ServeOptions:
     resize: int = 256
     gpu_decode_min_batch: int | None = None
     dtype: str = "fp32"
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pixels: int = SERVE_MAX_PIXELS
     probe_interval_s: float = 5.0
     drain_timeout_s: float = 25.0
     front: FrontOptions = field(default_factory=FrontOptions)

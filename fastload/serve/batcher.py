@@ -38,10 +38,10 @@ from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform,
 from fastload.serve._futures import await_future
 from fastload.serve.metrics import StageHistograms, trace_events
 from fastload.serve.policy import BatchPolicy, RequestTiming
-from fastload.serve.preprocess import DEFAULT_MAX_PIXELS, DTYPES, check_pixels, decode_request, pick_device
+from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES, check_request_pixels, decode_request, pick_device
 from fastload.stats import percentiles
 
-__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "DEFAULT_MAX_PIXELS"]
+__all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "SERVE_MAX_PIXELS"]
 
 log = logging.getLogger("fastload.serve")
 
@@ -106,7 +106,7 @@ class DynamicBatcher:
                  preprocess: Callable[[bytes], torch.Tensor] | None = None, max_batch: int = 32,
                  max_wait_ms: float = 8.0, max_queue: int = 256, device: str = "auto", workers: int = 2,
                  gpu_decode_min_batch: int | None = None, dtype: str = "fp32",
-                 max_pixels: int = DEFAULT_MAX_PIXELS, mean: Sequence[float] = IMAGENET_MEAN,
+                 max_pixels: int = SERVE_MAX_PIXELS, mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD, history: int = 10_000, name: str | None = None,
                  window_from: str = "arrival") -> None:
         if max_batch < 1:
@@ -425,7 +425,7 @@ class DynamicBatcher:
         if jpeg and len(batch) >= self.gpu_decode_min_batch:
             try:
                 for r in batch:
-                    check_pixels(r.data, self.max_pixels)
+                    check_request_pixels(r.data, self.max_pixels)
                 images = gpu_eval_batch([r.data for r in batch], self.preprocess, self.device)
             except Exception as exc:
                 self._stats.gpu_decode_fallbacks += 1

@@ -43,6 +43,6 @@ def gpu_eval_batch(datas: list[bytes], preset, device: torch.device) -> list[tor
     images = decode_jpeg(encoded, mode=ImageReadMode.RGB, device=device)
     out = []
     for img in images:
-        target = preset._target(img.shape[1], img.shape[2])
-        out.append(preset._finish(resize_uint8(img, target), target))  # _finish's resize is then a no-op
+        target = preset.resize_target(img.shape[1], img.shape[2])
+        out.append(preset.resize_and_crop(resize_uint8(img, target), target))  # its resize is then a no-op
     return out

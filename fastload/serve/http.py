@@ -30,7 +30,7 @@ socket-side defences a front needs:
   keep-alive connection's request within ``linger_s`` gets 503, then it closes, lingering.
 
 Why this is the default front and not uvicorn + starlette (``asgi.py``, ``--front asgi``):
-measured side by side (``fastload bench serve --fronts stdlib,asgi``, the README's "Which
+measured side by side (``fastload bench serve --fronts stdlib,asgi``, docs/serving.md, "Which
 front, measured"), uvicorn serves the same throughput, with a 3-14% lower p50, up to 8%
 less CPU per request when images are tiny, and about twice the p99 at
 the highest load measured; and uvicorn has no deadline for receiving a request's headers

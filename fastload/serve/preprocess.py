@@ -18,15 +18,16 @@ from collections.abc import Callable
 import torch
 
 from fastload.errors import CorruptSampleError
+from fastload.load.transforms import is_preset
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DTYPES", "check_pixels", "decode_request", "pick_device"]
+__all__ = ["SERVE_MAX_PIXELS", "DTYPES", "check_request_pixels", "decode_request", "pick_device"]
 
 log = logging.getLogger("fastload.serve")
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A serving budget well under the decompression-bomb limit (Pillow's 179 MP): decoding a 40 MP
 # image takes 120 MB of RGB; a 13000x13000 one 500 MB before any resize.
-DEFAULT_MAX_PIXELS = 40_000_000
+SERVE_MAX_PIXELS = 40_000_000
 _TRIM_PIXELS = 4_000_000  # after decoding an image this big, hand freed memory back to the OS
 
 
@@ -47,7 +48,7 @@ def _malloc_trim() -> Callable[[], None]:
 _trim = _malloc_trim()
 
 
-def check_pixels(data: bytes, max_pixels: int) -> int:
+def check_request_pixels(data: bytes, max_pixels: int) -> int:
     """The pixels ``data``'s header declares; refuses more than ``max_pixels`` without decoding.
 
     Raises:
@@ -77,10 +78,9 @@ def decode_request(preprocess: Callable, data: bytes, max_pixels: int) -> torch.
     Raises:
         CorruptSampleError: undecodable bytes or over the pixel budget.
     """
-    pixels = check_pixels(data, max_pixels)
-    from_bytes = getattr(preprocess, "from_bytes", None)
+    pixels = check_request_pixels(data, max_pixels)
     try:
-        return from_bytes(data) if from_bytes is not None else preprocess(data)
+        return preprocess.from_bytes(data) if is_preset(preprocess) else preprocess(data)
     except Exception as exc:
         from fastload.image.policy import BadImage
 

@@ -44,7 +44,7 @@ def open_readonly(path: str | os.PathLike[str], *, readahead: bool = False):
     every reader in a process shares one handle per store, opened on first use. Handles
     inherited through ``fork`` belong to the parent and are never used: the child opens
     its own. ``readahead=False`` by default: OS readahead makes random reads of a store
-    larger than RAM pull in pages that are never used (README, "Readahead"); the first
+    larger than RAM pull in pages that are never used (docs/store.md, "Readahead"); the first
     open in a process decides it.
     """
     key = os.path.realpath(path)

@@ -4,6 +4,9 @@ Python imports ``sitecustomize`` once at start-up. This one first imports the us
 ``sitecustomize`` (the next one on ``sys.path``) so their set-up still runs, then starts
 ``fastload.profiling._probe`` configured by the ``FASTLOAD_PROFILE_*`` environment. Any failure
 here is reported on stderr and never stops the user's program.
+
+Must not: raise into the user's program, or import torch itself (the probe waits for the
+script to import it).
 """
 
 import importlib
