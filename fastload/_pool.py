@@ -31,6 +31,28 @@ from fastload.errors import ConvertError
 _DEPTH = 2  # tasks queued per worker: one running, one ready
 
 
+class TaskError(str):
+    """The reason a task raised (``"Type: message"``, a ``str`` so callers can report it as one), and
+    ``io``: whether it was an I/O failure (an ``OSError``, or an error that says so with ``io_failure``),
+    i.e. the input could not be read now, not that it is bad. Callers fail the work on those rather
+    than record the input as skipped (a retry may succeed)."""
+
+    io: bool
+
+    def __new__(cls, text: str, io: bool = False) -> TaskError:
+        obj = super().__new__(cls, text)
+        obj.io = io
+        return obj
+
+    def __reduce__(self):
+        return (TaskError, (str(self), self.io))
+
+    @classmethod
+    def of(cls, exc: BaseException) -> TaskError:
+        io = isinstance(exc, OSError) or bool(getattr(exc, "io_failure", False))
+        return cls(f"{type(exc).__name__}: {exc}", io)
+
+
 def _worker_main(conn, handler: str, init: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     module, _, name = handler.partition(":")
@@ -47,7 +69,7 @@ def _worker_main(conn, handler: str, init: Any) -> None:
         try:
             result = (seq, True, fn(payload, init))
         except Exception as exc:  # reported per task; the worker carries on
-            result = (seq, False, f"{type(exc).__name__}: {exc}")
+            result = (seq, False, TaskError.of(exc))
         try:
             conn.send(result)
         except (BrokenPipeError, OSError):
@@ -97,8 +119,9 @@ def imap_isolated(handler: str, init: Any, payloads: Sequence[Any], workers: int
         window: how far past the oldest unfinished task work may run ahead (bounds memory).
 
     Yields:
-        ``(index, ok, result_or_reason)`` in ``payloads`` order. A task whose worker died
-        yields ``ok=False`` with the reason.
+        ``(index, ok, result_or_reason)`` in ``payloads`` order. A task that raised yields
+        ``ok=False`` and a ``TaskError`` (its ``io`` says an I/O failure); a task whose worker
+        died yields ``ok=False`` and a plain ``str`` reason.
 
     Raises:
         ConvertError: workers die before doing any work (a broken installation).

@@ -57,6 +57,7 @@ __all__ = [
     "CacheFullError",
     "ConvertError",
     "StoreLockedError",
+    "SourceReadError",
     "SourceError",
     "CorruptSampleError",
     "TooManyCorruptSamplesError",
@@ -117,6 +118,11 @@ class ConvertError(FastloadError):
     """Conversion cannot continue."""
 
 
+class SourceReadError(ConvertError):
+    """A source file could not be read (object-store or disk I/O), as opposed to being a bad image:
+    the shard (or run) fails without publishing, so a retry or a rerun reads the file again."""
+
+
 class StoreLockedError(ConvertError):
     """Another conversion (its pid and host are in the message) is writing the same destination."""
 
@@ -160,6 +166,8 @@ class RemoteStoreError(StoreError):
 
     ``reason`` is one of ``"credentials"``, ``"bucket"``, ``"missing"``, ``"endpoint"``, ``"other"``.
     """
+
+    io_failure = True  # a read that failed is not a bad input (_pool.TaskError.io): the work is redone
 
     def __init__(self, message: str, *, url: str = "", reason: str = "other") -> None:
         super().__init__(message)

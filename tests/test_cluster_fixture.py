@@ -46,3 +46,47 @@ def test_every_ray_listener_is_reachable_on_loopback_only(ray_cluster):
         if getattr(ip, "ipv4_mapped", None):
             ip = ip.ipv4_mapped
         assert ip.is_loopback or ip.is_unspecified, addr
+
+
+_PROBE = """
+import json, ray_probe_marker
+from fastload.pack.engines import EngineOptions
+from fastload.pack.ray_engine import connect
+ray, started = connect(EngineOptions(engine="ray"))
+@ray.remote
+def node_ip():
+    return ray.util.get_node_ip_address()
+try:
+    print(json.dumps({"started": started, "gcs": ray.get_runtime_context().gcs_address,
+                      "nodes": [n["NodeManagerAddress"] for n in ray.nodes()], "task": ray.get(node_ip.remote())}))
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_cluster_fastload_starts_advertises_loopback(tmp_path):
+    # its own network namespace whose lo also holds 10.99.0.1 with a default route: there Ray's
+    # "routable address" is 10.99.0.1, so a cluster that does not keep 127.0.0.1 shows it
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rn", "true"], capture_output=True).returncode:
+        pytest.skip("needs unshare -rn (a network namespace of its own)")
+    (tmp_path / "ray_probe_marker.py").write_text("import sys\nassert 'ray' not in sys.modules\n")
+    script = tmp_path / "probe.py"
+    script.write_text(_PROBE)
+    root = str(Path(__file__).parents[1])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env.update(PYTHONPATH=os.pathsep.join([root, str(tmp_path)]), RAY_USAGE_STATS_ENABLED="0")
+    setup = ("ip link set lo up && ip addr add 10.99.0.1/32 dev lo && ip route add default dev lo src 10.99.0.1 && "
+             f"exec {sys.executable} {script}")
+    out = subprocess.run(["unshare", "-rn", "sh", "-c", setup], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["started"] and seen["gcs"].startswith("127.0.0.1:"), seen
+    assert seen["nodes"] == ["127.0.0.1"] and seen["task"] == "127.0.0.1", seen

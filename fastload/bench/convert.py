@@ -127,14 +127,11 @@ class EngineBench:
 
 def _ray_startup() -> float:
     """Seconds from nothing to a local cluster that has run one task (then shut down again)."""
-    import os
+    from fastload.pack.ray_engine import import_ray, start_local
 
-    from fastload.pack.engines import require_ray
-
-    ray = require_ray()
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    ray = import_ray(local=True)  # loopback only, as `convert --engine ray` starts it
     t0 = time.perf_counter()
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    start_local(ray)
     try:
         ray.get(ray.remote(lambda: 1).remote())
         return time.perf_counter() - t0

@@ -46,8 +46,12 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
                    "machine's process pool, ray = one Ray task per shard. Implied by s3:// gs:// az:// SRC or DST.")
 @click.option("--address", default=None,
               help="--engine ray: the cluster (auto, ray://HOST:PORT) [default: start a local one].")
+@click.option("--shared-fs", is_flag=True,
+              help="With --address: a local SRC and DST are on a filesystem every node mounts at the same path "
+                   "(without it, --address needs s3:// gs:// az:// SRC and DST).")
 @click.option("--shard-size", default=None,
-              help="Sharded store: target source bytes per shard, e.g. 64MB (the default unless --num-shards).")
+              help="Sharded store: target source bytes per shard; MB/GB decimal (64MB = 64,000,000 bytes), MiB/GiB "
+                   "binary (64MiB = 67,108,864) [default: 64MiB, unless --num-shards].")
 @click.option("--strict", is_flag=True, help="Stop at the first unreadable file instead of skipping it.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Validation processes [default: the CPUs this process may use].")
@@ -64,8 +68,8 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
 def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
-            shard_index, engine, address, shard_size, strict, workers, max_pixels, chunk_size, max_file_bytes,
-            follow_symlinks, num_classes, quiet) -> None:
+            shard_index, engine, address, shared_fs, shard_size, strict, workers, max_pixels, chunk_size,
+            max_file_bytes, follow_symlinks, num_classes, quiet) -> None:
     """Pack SRC (an ImageFolder tree, or a CSV/TSV list of path,label) into the LMDB store DST.
 
     Every file is decoded once; unreadable ones are skipped and listed in DST/report.json.
@@ -93,8 +97,16 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
                                  "Parquet sources convert every shard in one command", param_hint="--shard-index")
     if not sharded and address is not None:
         raise click.BadParameter("needs --engine ray", param_hint="--address")
+    if shared_fs and address is None:
+        raise click.BadParameter("only means something with --engine ray --address", param_hint="--shared-fs")
+    if address is not None and not shared_fs and not (is_remote(src) and is_remote(dst)):
+        raise click.BadParameter(
+            f"{'SRC' if not is_remote(src) else 'DST'} is a local path, but shard tasks may run on other machines of "
+            "the cluster (they cannot read this machine's SRC and would publish into their own DST). Use s3:// "
+            "(gs://, az://) SRC and DST, or --shared-fs if both are on a filesystem every node mounts at the same path",
+            param_hint="--address")
     if sharded:
-        _convert_sharded(src, dst, engine or "local", address, num_shards, shard_size,
+        _convert_sharded(src, dst, engine or "local", address, shared_fs, num_shards, shard_size,
                          dict(max_side=max_side, quality=quality, encoding=encoding, lossless=lossless,
                               shuffle=shuffle, seed=seed, strict=strict, workers=workers, chunk_size=chunk_size,
                               max_pixels=max_pixels, max_file_bytes=max_file_bytes,
@@ -132,7 +144,8 @@ def _container(src: str) -> bool:
     return is_container_source(src) is not None
 
 
-def _convert_sharded(src: str, dst: str, engine: str, address, num_shards, shard_size, kw: dict) -> None:
+def _convert_sharded(src: str, dst: str, engine: str, address, shared_fs: bool, num_shards, shard_size,
+                     kw: dict) -> None:
     from fastload.pack.convert import ConvertOptions
     from fastload.pack.engines import EngineOptions, convert_sharded, parse_size
 
@@ -145,7 +158,7 @@ def _convert_sharded(src: str, dst: str, engine: str, address, num_shards, shard
         size = parse_size(shard_size) if shard_size is not None else None
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard-size") from None
-    eng = EngineOptions(engine=engine, address=address, num_shards=num_shards,
+    eng = EngineOptions(engine=engine, address=address, shared_fs=shared_fs, num_shards=num_shards,
                         **({"shard_bytes": size} if size is not None else {}))
     report = convert_sharded(src, dst, ConvertOptions(**kw), eng)
     for w in report.warnings:

@@ -67,6 +67,7 @@ Must not: import torch or anything from the rooms above (``store/``, ``pack/``, 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import io
 import os
 import re
@@ -85,7 +86,7 @@ from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, ra
 __all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
            "AUTO_RAW_MAX_PIXELS", "LOSSY_REENCODE", "psnr", "is_jpeg", "sniff", "jpeg_frame", "raw_header",
            "encode_raw", "check_pixels",
-           "open_image", "to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
+           "open_image", "to_rgb", "mode_to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
            "jpeg_damage", "prepare", "read_source_file", "prepare_file", "sample_error"]
 
 #: Pillow's own hard limit (2 × ``Image.MAX_IMAGE_PIXELS``): nothing Pillow accepts is refused.
@@ -205,6 +206,19 @@ def to_rgb(img: Image.Image) -> Image.Image:
                 img = ImageOps.exif_transpose(img)
             except Exception:  # an unreadable orientation is not worth losing the image
                 pass
+    return mode_to_rgb(img)
+
+
+def mode_to_rgb(img: Image.Image) -> Image.Image:
+    """A loaded image of any mode → the 8-bit RGB image the rule says (16-bit: the high byte; alpha and
+    ``tRNS`` dropped; ``F`` as in the module docstring), without EXIF orientation. The presets use it
+    on PIL images they are given, so those follow the same rule as the bytes they decode.
+
+    Raises:
+        BadImage: the pixels cannot be converted at all.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         try:
             out = _mode_to_rgb(img)
         except Exception:
@@ -398,7 +412,10 @@ def read_source_file(path: str, *, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> b
     except PermissionError:
         raise BadImage("permission denied") from None
     except OSError as exc:
-        raise BadImage(f"cannot read: {exc}") from None
+        if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG, errno.ENOTDIR, errno.ENXIO):
+            raise BadImage(f"cannot read: {exc}") from None  # what the tree is, every time
+        raise  # EIO, ESTALE, ETIMEDOUT...: the file exists but could not be read now, which is not a bad
+        # image; conversion fails (and is rerun) rather than skip it for good
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

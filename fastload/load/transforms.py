@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
+from fastload.image.policy import mode_to_rgb
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
@@ -136,7 +137,9 @@ def _as_chw(img) -> torch.Tensor:
             raise TypeError(f"expected a uint8 CHW tensor, got {img.dtype} of shape {tuple(img.shape)}")
         return img
     if not isinstance(img, np.ndarray):
-        img = np.array(img.convert("RGB"))  # a writable copy: torch refuses read-only buffers
+        # the image policy's rule, as from_bytes decodes: a 16-bit grayscale image keeps its high byte
+        # (Pillow's convert("RGB") clips it, 130 grey levels off on average on a full-range ramp)
+        img = np.array(img if img.mode == "RGB" else mode_to_rgb(img))  # a writable copy for torch
     if img.ndim == 2:
         img = np.repeat(img[:, :, None], 3, axis=2)
     if not img.flags.writeable or not img.flags.c_contiguous:

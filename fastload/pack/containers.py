@@ -15,12 +15,17 @@ bytes (``read_member``), locally or in object storage (``store.remote``).
   ``<file name>/<row>`` (with the struct's ``path`` when set). Location:
   ``row:<row group>:<row in group>:<file path or URL>``; a worker keeps the last row group read.
 
+Listing reads no image bytes: a tar's 512-byte headers (in 1 KB ranges of a remote object, member
+bodies skipped) and its ``.cls`` labels; a Parquet file's footer and its ``label`` and
+``image.path`` columns (a row's size, for planning shards, is its row group's average from the footer).
+
 Must not: decode images (``image/`` does) or write stores.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -42,7 +47,7 @@ class ContainerSource(Source):
 
     locations: dict[str, str] = field(default_factory=dict, repr=False)
     member_sizes: dict[str, int] = field(default_factory=dict, repr=False)
-    containers: tuple[tuple[str, int], ...] = ()  # (path or URL, size): what the fingerprint covers
+    containers: tuple[tuple[str, int, str], ...] = ()  # (path or URL, size, version): the fingerprint covers them
 
     def abspath(self, relpath: str) -> str:
         return self.locations[relpath]
@@ -54,24 +59,31 @@ class ContainerSource(Source):
         h = hashlib.sha256()
         h.update(self.kind.encode())
         h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
-        for name, size in self.containers:
-            h.update(f"\n{name}\0{size}".encode("utf-8", "surrogateescape"))
+        for name, size, version in self.containers:  # version: ETag / last-modified, local mtime
+            h.update(f"\n{name}\0{size}\0{version}".encode("utf-8", "surrogateescape"))
         for i in range(len(self.items)) if indices is None else indices:
             rel, label = self.items[i]
             h.update(f"\n{rel}\0{label}\0{self.member_sizes.get(rel, -1)}".encode("utf-8", "surrogateescape"))
         return h.hexdigest()
 
 
-def _containers(path: str, suffix: str) -> list[tuple[str, int]]:
+def _containers(path: str, suffix: str) -> list[tuple[str, int, str]]:
+    """``(path or URL, size, version)`` of the container files: version is the object's ETag (else
+    last-modified) or the local file's mtime, so one overwritten with same-size bytes is noticed."""
     if remote.is_remote(path):
         if path.rstrip("/").endswith(suffix):
-            size = remote.head(path)
-            return [] if size is None else [(path, size)]
-        return [(u, s) for u, s in remote.list_prefix(path) if u.endswith(suffix)]
+            found = remote.stat(path)
+            return [] if found is None else [(path, found[0], found[1])]
+        return [(u, s, v) for u, s, v in remote.list_objects(path) if u.endswith(suffix)]
     p = Path(path)
+
+    def local(q: Path) -> tuple[str, int, str]:
+        st = q.stat()
+        return str(q.resolve()), st.st_size, str(st.st_mtime_ns)
+
     if p.is_file():
-        return [(str(p.resolve()), p.stat().st_size)] if p.name.endswith(suffix) else []
-    return [(str(q.resolve()), q.stat().st_size) for q in sorted(p.glob(f"*{suffix}"))]
+        return [local(p)] if p.name.endswith(suffix) else []
+    return [local(q) for q in sorted(p.glob(f"*{suffix}"))]
 
 
 def is_container_source(path: str) -> str | None:
@@ -81,7 +93,7 @@ def is_container_source(path: str) -> str | None:
         if text.endswith(suffix):
             return kind
     if remote.is_remote(text):
-        names = [u for u, _ in remote.list_prefix(text)]
+        names = [u for u, _, _ in remote.list_objects(text)]
         if names and all(u.endswith(".tar") for u in names):
             return "webdataset"
         if names and all(u.endswith(".parquet") for u in names):
@@ -101,6 +113,54 @@ def _open(location: str):
     return remote.open_reader(location) if remote.is_remote(location) else open(location, "rb")
 
 
+class _RangedFile(io.RawIOBase):
+    """A seekable read-only file over an object, fetching only what is read (ranged GETs of at least
+    ``block`` bytes from the position read, one cached): listing a tar reads its 512-byte headers and
+    skips the member bodies; listing a Parquet file reads its footer and the small columns only."""
+
+    def __init__(self, url: str, size: int, block: int) -> None:
+        super().__init__()
+        self.url, self.size, self.block = url, size, block
+        self.pos = 0
+        self.cache_at, self.cache = 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self.pos if n is None or n < 0 else min(n, self.size - self.pos)
+        if n <= 0:
+            return b""
+        lo = self.pos - self.cache_at
+        if not (0 <= lo and lo + n <= len(self.cache)):
+            length = min(max(n, self.block), self.size - self.pos)
+            self.cache_at, self.cache = self.pos, remote.get_range(self.url, self.pos, length)
+            lo = 0
+        out = self.cache[lo:lo + n]
+        self.pos += len(out)
+        return out
+
+    def readinto(self, buf) -> int:
+        data = self.read(len(buf))
+        buf[:len(data)] = data
+        return len(data)
+
+
+def _open_listing(location: str, size: int, block: int):
+    """For listing: a local file, or an object read in small ranges (``_RangedFile``)."""
+    return _RangedFile(location, size, block) if remote.is_remote(location) else open(location, "rb")
+
+
 def _webdataset(path: str) -> ContainerSource:
     tars = _containers(path, ".tar")
     if not tars:
@@ -108,11 +168,13 @@ def _webdataset(path: str) -> ContainerSource:
     items: list[tuple[str, int]] = []
     locations: dict[str, str] = {}
     sizes: dict[str, int] = {}
-    for tar, _ in tars:
+    for tar, tar_size, _ in tars:
         name = tar.rsplit("/", 1)[-1]
         images: dict[str, tarfile.TarInfo] = {}
         labels: dict[str, tarfile.TarInfo] = {}
-        with _open(tar) as f, tarfile.open(fileobj=f, mode="r:") as tf:
+        # 1 KB ranges: tarfile reads the byte before each header (end-of-data check), then the header;
+        # a .cls body right after its header comes in the same range. Image bodies are skipped, unread.
+        with _open_listing(tar, tar_size, 1024) as f, tarfile.open(fileobj=f, mode="r:") as tf:
             for m in tf:
                 if not m.isfile():
                     continue
@@ -162,6 +224,7 @@ def _class_names(schema) -> list[str] | None:
 
 def _parquet(path: str) -> ContainerSource:
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         from fastload.errors import MissingDependencyError
@@ -174,9 +237,9 @@ def _parquet(path: str) -> ContainerSource:
     locations: dict[str, str] = {}
     sizes: dict[str, int] = {}
     names: list[str] | None = None
-    for loc, _ in files:
+    for loc, file_size, _ in files:
         fname = loc.rsplit("/", 1)[-1]
-        with _open(loc) as f:
+        with _open_listing(loc, file_size, 16 << 10) as f:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
             for col in (_IMAGE_COLUMN, _LABEL_COLUMN):
@@ -184,20 +247,30 @@ def _parquet(path: str) -> ContainerSource:
                     raise SourceError(f"{loc}: no {col!r} column (columns: {', '.join(schema.names)}).\nHINT: fastload "
                                       "reads the Hugging Face datasets layout: image {bytes, path} and an int label.")
             names = names or _class_names(schema)
+            image_type = schema.field(_IMAGE_COLUMN).type
+            has_path = pa.types.is_struct(image_type) and image_type.get_field_index("path") >= 0
+            is_struct = pa.types.is_struct(image_type)
+            # the image bytes are not read here: only the labels, the struct's path, and each row group's
+            # image column size from the footer (a row's size is its row group's average: for planning)
+            columns = [_LABEL_COLUMN] + ([f"{_IMAGE_COLUMN}.path"] if has_path else [])
+            data_path = f"{_IMAGE_COLUMN}.bytes" if is_struct else _IMAGE_COLUMN
             row = 0
             for rg in range(pf.num_row_groups):
-                table = pf.read_row_group(rg, columns=[_IMAGE_COLUMN, _LABEL_COLUMN])
-                images = table.column(_IMAGE_COLUMN).to_pylist()
+                meta = pf.metadata.row_group(rg)
+                nbytes = sum(meta.column(c).total_uncompressed_size for c in range(meta.num_columns)
+                             if meta.column(c).path_in_schema == data_path)
+                per_row = nbytes // max(1, meta.num_rows)
+                table = pf.read_row_group(rg, columns=columns)
                 labels = table.column(_LABEL_COLUMN).to_pylist()
-                for j, (img, label) in enumerate(zip(images, labels)):
-                    data = img.get("bytes") if isinstance(img, dict) else img
-                    inner = img.get("path") if isinstance(img, dict) else None
+                inners = ([img.get("path") if img else None for img in table.column(_IMAGE_COLUMN).to_pylist()]
+                          if has_path else [None] * len(labels))
+                for j, (inner, label) in enumerate(zip(inners, labels)):
                     rel = f"{fname}/{row:08d}" + (f"-{inner}" if inner else "")
                     if not isinstance(label, int) or label < 0:
                         raise SourceError(f"{loc}: row {row} has label {label!r}; labels must be integers >= 0.")
                     items.append((rel, label))
                     locations[rel] = f"row:{rg}:{j}:{loc}"
-                    sizes[rel] = len(data) if data else 0
+                    sizes[rel] = per_row
                     row += 1
     if not items:
         raise SourceError(f"{path}: the Parquet files hold no rows.")

@@ -140,9 +140,10 @@ class ConvertReport:
     resumed_from: int = 0
     already_complete: bool = False
     warnings: list[str] = field(default_factory=list)
-    #: files stored after a repair Pillow needs (docs/jpeg-damage.md): ``{"relpath", "what"}``, this run's
+    #: files stored after a repair Pillow needs (docs/jpeg-damage.md): ``{"relpath", "what"}``, of every
+    #: run that wrote the store (kept in its chunk records across a resume, then in its header)
     salvaged: list[dict[str, str]] = field(default_factory=list)
-    #: decoder (Pillow) warnings per file, this run's: ``{"relpath", "warnings": [...]}``
+    #: decoder (Pillow) warnings per file, stored or skipped, of every run: ``{"relpath", "warnings": [...]}``
     decoder_warnings: list[dict[str, Any]] = field(default_factory=list)
     #: classes with no stored sample (no files, or every file skipped); they keep their label
     empty_classes: list[str] = field(default_factory=list)
@@ -326,16 +327,17 @@ def _empty_classes(report: ConvertReport, src: Source, chunks: list[fmt.ChunkRec
         "ImageFolder(allow_empty=True)).")
 
 
-def _note(report: ConvertReport, rel: str, value: Prepared | Rejected) -> None:
-    """Record what a worker said about one file besides the verdict: a repair (named in the
-    warnings too) and the decoders' warnings."""
-    salvaged = getattr(value, "salvaged", None)
-    if salvaged:
-        report.salvaged.append({"relpath": rel, "what": salvaged})
-        if len(report.salvaged) <= _NAMED:
-            report.warnings.append(f"{rel}: salvaged: {salvaged}")
-    if value.warnings:
-        report.decoder_warnings.append({"relpath": rel, "warnings": list(value.warnings)})
+def _note(chunk: fmt.ChunkRecord, rel: str, value: Prepared | Rejected) -> None:
+    """Record what a worker said about one file besides the verdict, in the chunk that commits it:
+    a repair and the decoders' warnings (a resumed run reports those of the killed run too)."""
+    chunk.note(path=rel, salvaged=getattr(value, "salvaged", None), warnings=value.warnings)
+
+
+def _name_salvaged(report: ConvertReport, where: str) -> None:
+    """Name the first salvaged files in the warnings (the CLI prints those), the rest by count."""
+    report.warnings += [f"{s['relpath']}: salvaged: {s['what']}" for s in report.salvaged[:_NAMED]]
+    if len(report.salvaged) > _NAMED:
+        report.warnings.append(f"... and {len(report.salvaged) - _NAMED} more salvaged files, named in {where}")
 
 
 def _fill(report: ConvertReport, header: dict[str, Any]) -> None:
@@ -347,6 +349,8 @@ def _fill(report: ConvertReport, header: dict[str, Any]) -> None:
     report.reencoded_reasons = header.get("reencoded", {})
     report.lossy = header.get("lossy", {})
     report.bytes_stored = header["bytes"]
+    report.salvaged = list(header.get("salvaged", []))
+    report.decoder_warnings = list(header.get("decoder_warnings", []))
 
 
 def validator_options(options: ConvertOptions, src: Source) -> PrepareOptions:
@@ -390,12 +394,20 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
             rel, label = src.items[todo[j]]
             chunk.consumed += 1
             if ok and isinstance(value, Prepared | Rejected):
-                _note(report, rel, value)
+                _note(chunk, rel, value)
             if ok and isinstance(value, Prepared):
                 data = value.data
                 puts.append((fmt.sample_key(stored + chunk.stored), data))
                 chunk.add(label=label, crc32=zlib.crc32(data), encoding=value.encoding, stored_as=value.stored_as,
                           reason=value.reason, path=rel, nbytes=len(data), psnr=value.psnr)
+            elif not ok and getattr(value, "io", False):
+                # the file could not be read now (disk, object store): not a bad image. Keep what is
+                # committed and stop, so a rerun reads it again instead of it being skipped for good.
+                chunk.consumed -= 1
+                flush()
+                from fastload.pack.engines import _read_failed
+
+                raise _read_failed(src.abspath(rel), value)
             else:
                 reason = value.reason if isinstance(value, Rejected) else value
                 chunk.skipped.append({"relpath": rel, "reason": reason})
@@ -403,6 +415,8 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
                 if options.strict:
                     chunk.consumed -= 1  # the bad file is not consumed: fix it and rerun
                     chunk.skipped.pop()
+                    if chunk.decoder_warnings and chunk.decoder_warnings[-1]["relpath"] == rel:
+                        chunk.decoder_warnings.pop()  # said again when the rerun reads the file
                     flush()
                     raise ConvertError(
                         f"{src.abspath(rel)}: {reason}\n(--strict stops at the first bad file; the "
@@ -415,6 +429,6 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
         flush()
     finally:
         bar.close()
-    if len(report.salvaged) > _NAMED:
-        report.warnings.append(f"... and {len(report.salvaged) - _NAMED} more salvaged files, named in "
-                               f"{path / REPORT_NAME}")
+    report.salvaged = [x for c in chunks for x in c.salvaged]  # this run's and any killed run's before it
+    report.decoder_warnings = [x for c in chunks for x in c.decoder_warnings]
+    _name_salvaged(report, str(path / REPORT_NAME))

@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from fastload.errors import ConvertError, MissingDependencyError
-from fastload.pack.convert import ConvertOptions, ConvertReport, _differences
+from fastload.errors import ConvertError, MissingDependencyError, SourceReadError
+from fastload.pack.convert import ConvertOptions, ConvertReport, _differences, _name_salvaged
 from fastload.pack.sources import Source, open_any_source
 from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt
@@ -53,16 +53,17 @@ __all__ = ["EngineOptions", "ShardSpec", "ShardJob", "ShardResult", "plan_shards
            "convert_sharded", "ENGINES", "parse_size"]
 
 ENGINES = ("local", "ray")
-DEFAULT_SHARD_BYTES = 64 << 20
+DEFAULT_SHARD_BYTES = 64 << 20  # 64 MiB (67,108,864 bytes): the help and docs say so
 _HANDLER = "fastload.pack.work:prepare_item"
 _FORWARD_ENV = ("AWS_", "GOOGLE_", "AZURE_")
 
 
 def parse_size(text: str) -> int:
-    """``"64MB"``, ``"512k"``, ``"1GiB"``, ``"1000"`` -> bytes (decimal units; ``i`` forms binary)."""
+    """``"64MB"``, ``"512k"``, ``"1GiB"``, ``"1000"`` -> bytes: ``K``/``KB``, ``M``/``MB``, ``G``/``GB`` are
+    decimal (``64MB`` = 64,000,000), ``Ki``/``KiB``, ``Mi``/``MiB``, ``Gi``/``GiB`` binary (``64MiB`` = 2**26)."""
     t = text.strip().upper().replace(" ", "")
     units = {"": 1, "B": 1, "K": 10**3, "KB": 10**3, "M": 10**6, "MB": 10**6, "G": 10**9, "GB": 10**9,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+             "KI": 2**10, "KIB": 2**10, "MI": 2**20, "MIB": 2**20, "GI": 2**30, "GIB": 2**30}
     num = t.rstrip("KMGIB")
     unit = t[len(num):]
     try:
@@ -70,7 +71,7 @@ def parse_size(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in units or value <= 0:
-        raise ValueError(f"not a size: {text!r} (examples: 64MB, 512KB, 1GiB)")
+        raise ValueError(f"not a size: {text!r} (examples: 64MB = 64,000,000 bytes, 64MiB = 2**26, 512KB, 1GiB)")
     return int(value * units[unit])
 
 
@@ -82,9 +83,12 @@ class EngineOptions:
         engine: ``"local"`` (this machine's process pool) or ``"ray"`` (one Ray task per shard).
         address: the Ray cluster (``"auto"``, ``"ray://HOST:PORT"``); None starts a local one.
         num_shards: exactly this many shards (by file count); None sizes them by ``shard_bytes``.
-        shard_bytes: target bytes of source files per shard (default 64 MB).
-        max_retries: Ray retries of a shard task whose worker died.
+        shard_bytes: target bytes of source files per shard (default 64 MiB, 2**26).
+        max_retries: Ray retries of a shard task whose worker died (or whose source read failed).
         scratch: local folder for shards being written (default: the system's temporary folder).
+        shared_fs: with ``address``: a local SRC and DST are on a filesystem every node of the cluster
+            mounts at the same path. Without it, ``address`` needs object-store URLs for both (a task
+            on another machine cannot read this machine's SRC, and would publish into its own DST).
     """
 
     engine: str = "local"
@@ -93,6 +97,7 @@ class EngineOptions:
     shard_bytes: int = DEFAULT_SHARD_BYTES
     max_retries: int = 3
     scratch: str | None = None
+    shared_fs: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -248,9 +253,13 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
                               stored_as=value.stored_as, reason=value.reason, path=rel, nbytes=len(value.data),
                               psnr=value.psnr)
                     pending_bytes += value.source_bytes
+                elif not ok and getattr(value, "io", False):
+                    raise _read_failed(shard.files[j][0], value, shard.name)
                 else:
                     reason = value.reason if isinstance(value, Rejected) else str(value)
                     chunk.skipped.append({"relpath": rel, "reason": reason})
+                if ok and isinstance(value, Prepared | Rejected):
+                    chunk.note(path=rel, salvaged=getattr(value, "salvaged", None), warnings=value.warnings)
                 pending_files += 1
                 if chunk.stored >= job.chunk_size:
                     flush()
@@ -274,6 +283,15 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
         return result
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _read_failed(location: str, reason: str, shard: str | None = None) -> SourceReadError:
+    """A source file that could not be read (I/O, not a bad image): the shard fails, nothing is
+    published, and a retry or a rerun reads it again. Recording it as skipped would lose it for good."""
+    where = f" (shard {shard} not published)" if shard else ""
+    return SourceReadError(f"{location}: reading it failed: {reason}{where}\nHINT: a transient failure "
+                           "(throttling, a reset connection, expired credentials, a disk error): fix the cause and "
+                           "rerun the same command; published shards are kept, only missing ones are redone.")
 
 
 def _remove_stale_scratch(folder: str | None) -> None:
@@ -310,6 +328,7 @@ def _publish(data: Path, dst: str, name: str) -> None:
         except OSError:
             if not (final / SHARD_FILE).is_file():
                 raise
+        _fsync_dir(Path(dst))
     except OSError as exc:
         from fastload.store.writer import io_hint
 
@@ -357,8 +376,54 @@ def _write_text(dst: str, name: str, text: str) -> None:
         return
     Path(dst).mkdir(parents=True, exist_ok=True)
     tmp = Path(dst) / f".{name}.tmp"
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, Path(dst) / name)
+    _fsync_dir(Path(dst))  # ... and the rename too: a power cut leaves the old state or the new, whole
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_tmp(dst: str) -> None:
+    """Delete what a killed driver or task left in a local DST: ``.shard-*.tmp`` folders (a publish cut
+    short) and ``.plan.json.tmp`` / ``.manifest.json.tmp``. One driver per DST, so nothing is live."""
+    if remote.is_remote(dst) or not Path(dst).is_dir():
+        return
+    for p in Path(dst).iterdir():
+        if p.name.startswith(".shard-") and p.name.endswith(".tmp") and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name in (f".{PLAN_NAME}.tmp", f".{MANIFEST_NAME}.tmp"):
+            p.unlink(missing_ok=True)
+
+
+def _check_cluster_paths(source: str, dst: str, engine: EngineOptions) -> None:
+    """A cluster joined by address may run shards on other machines: local paths need --shared-fs."""
+    if engine.engine != "ray" or engine.address is None or engine.shared_fs:
+        return
+    local = [f"{what} {p}" for what, p in (("SRC", source), ("DST", dst)) if not remote.is_remote(p)]
+    if local:
+        raise ConvertError(
+            f"--address {engine.address}: {' and '.join(local)} "
+            f"{'is a local path' if len(local) == 1 else 'are local paths'}, but shard tasks may run on other "
+            "machines of the cluster, which cannot read this machine's SRC "
+            "and would publish shards into their own DST.\nHINT: use s3:// (gs://, az://) URLs for SRC and DST, "
+            "or pass --shared-fs if both are on a filesystem every node mounts at the same path; nothing was "
+            "written.")
+
+
+def _changed_shard(src: Source, order: list[int], shard: ShardSpec, entry: dict) -> str:
+    """One line naming a shard whose files changed (size, ETag/last-modified or mtime) since the plan."""
+    first, last = shard.files[0][1], shard.files[-1][1]
+    return (f"\n  changed: a file of {shard.name} ({first} .. {last}) has another size, ETag or modification "
+            "time than when it was planned (overwritten since?)")
 
 
 def _check_dst_free(dst: str) -> None:
@@ -395,6 +460,7 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     from tqdm import tqdm
 
     t0 = time.perf_counter()
+    _check_cluster_paths(str(source), str(dst), engine)
     dst = str(dst).rstrip("/") if remote.is_remote(str(dst)) else str(Path(dst).resolve())
     src = open_any_source(source, exclude=() if remote.is_remote(dst) else (Path(dst),),
                           num_classes=options.num_classes)
@@ -409,10 +475,12 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     source_desc = {"kind": src.kind, "path": str(src.path), "classes": src.classes, "fingerprint": fingerprint,
                    "count": len(src)}
     build = {"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "source": source_desc, "options": record}
-    plan = {"build": build, "shards": [{"name": s.name, "first": s.first, "files": len(s.files)} for s in shards]}
+    plan = {"build": build, "shards": [{"name": s.name, "first": s.first, "files": len(s.files),
+                                        "fp": src.fingerprint(order[s.first:s.first + len(s.files)])} for s in shards]}
     report = ConvertReport(dst=Path(dst) if not remote.is_remote(dst) else dst, source=str(src.path),  # type: ignore[arg-type]
                            total=len(order), warnings=list(src.warnings))
 
+    _remove_stale_tmp(dst)
     old = _read_text(dst, PLAN_NAME)
     if old is None:
         _check_dst_free(dst)
@@ -420,8 +488,12 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     else:
         have = json.loads(old)
         diff = _differences(have["build"], build, contents=True)
-        if not diff and have["shards"] != plan["shards"]:
+        layout = [{k: v for k, v in e.items() if k != "fp"} for e in have["shards"]]
+        if not diff and layout != [{k: v for k, v in e.items() if k != "fp"} for e in plan["shards"]]:
             diff = f"  shards: {len(have['shards'])} planned vs now {len(plan['shards'])}"
+        elif "were added, removed or changed" in diff and len(layout) == len(shards):
+            diff += "".join(_changed_shard(src, order, s, e) for s, e in zip(shards, have["shards"])
+                            if e.get("fp") not in (None, plan["shards"][s.index]["fp"]))
         if diff:
             raise ConvertError(f"{dst} holds a conversion with other inputs:\n{diff}\n"
                                "HINT: rerun with the original source and options to finish it, or choose another DST.")
@@ -454,6 +526,14 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
                             refresh=False)
 
     def shard_done(result: ShardResult) -> None:
+        if not remote.is_remote(dst):  # published where this driver sees it? (a task ran on another machine)
+            data = Path(dst) / result.name / SHARD_FILE
+            if not data.is_file() or data.stat().st_size != result.bytes:
+                raise ConvertError(
+                    f"{data}: shard {result.name} was reported published, but this machine does not see it "
+                    f"({'missing' if not data.is_file() else f'{data.stat().st_size} bytes, not {result.bytes}'}): "
+                    "its task ran where DST is another folder.\nHINT: DST must be one filesystem every node mounts at "
+                    "the same path (--shared-fs), or use an s3:// (gs://, az://) DST; the manifest was not written.")
         results[result.index] = result
         stats["shards"] += 1
         progress(0, 0)
@@ -484,6 +564,7 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     manifest = _manifest(ordered, src.classes, record, source_desc)
     _write_text(dst, MANIFEST_NAME, manifest.to_json())  # last: the store is complete from here on
     _fill_from_manifest(report, manifest)
+    _name_salvaged(report, f"{dst}/{MANIFEST_NAME} (counts.salvaged)")
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -499,6 +580,8 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
     canon: Counter = Counter()
     reenc: Counter = Counter()
     skipped: list[dict[str, str]] = []
+    salvaged: list[dict[str, str]] = []
+    decoder_warnings: list[dict[str, Any]] = []
     psnr_count = 0
     psnr_min: list[float] = []
     for r in results:
@@ -506,6 +589,8 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
         start += r.stored
         h = r.header
         skipped += h["skipped"]
+        salvaged += h.get("salvaged", [])  # absent from shards written before it was recorded
+        decoder_warnings += h.get("decoder_warnings", [])
         canon.update(h["canonicalised"])
         reenc.update(h.get("reencoded", {}))
         lossy = h.get("lossy", {})
@@ -517,7 +602,8 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
                                                                               for r in results),
               "reencoded_reasons": dict(sorted(reenc.items())),
               "lossy": {"count": psnr_count, "psnr_min": min(psnr_min) if psnr_min else None},
-              "bytes": sum(r.header["bytes"] for r in results)}
+              "bytes": sum(r.header["bytes"] for r in results),
+              "salvaged": salvaged, "decoder_warnings": decoder_warnings}
     return Manifest(MANIFEST_VERSION, tuple(entries), tuple(classes), start, dict(record, source=source), counts)
 
 
@@ -531,6 +617,8 @@ def _fill_from_manifest(report: ConvertReport, manifest: Manifest) -> None:
     report.reencoded_reasons = dict(c.get("reencoded_reasons", {}))
     report.lossy = dict(c.get("lossy", {}))
     report.bytes_stored = int(c.get("bytes", 0))
+    report.salvaged = list(c.get("salvaged", []))
+    report.decoder_warnings = list(c.get("decoder_warnings", []))
 
 
 def require_ray():

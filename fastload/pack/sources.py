@@ -328,6 +328,7 @@ class RemoteSource(Source):
     """A source in object storage: ``root`` is the URL prefix, sizes come from the listing."""
 
     object_sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    object_versions: dict[str, str] = field(default_factory=dict, repr=False)  # ETag or last-modified
 
     def abspath(self, relpath: str) -> str:
         return f"{str(self.root).rstrip('/')}/{relpath}"
@@ -336,13 +337,15 @@ class RemoteSource(Source):
         return [self.object_sizes.get(rel, 0) for rel, _ in self.items]
 
     def fingerprint(self, indices: list[int] | None = None) -> str:
-        """sha256 over the kind, classes and the given items' (default: all) key, label and size."""
+        """sha256 over the kind, classes and the given items' (default: all) key, label, size and version
+        (ETag, else last-modified: an object overwritten with other bytes of the same size changes it)."""
         h = hashlib.sha256()
         h.update(self.kind.encode())
         h.update("\0".join(self.classes).encode("utf-8", "surrogateescape"))
         for i in range(len(self.items)) if indices is None else indices:
             rel, label = self.items[i]
-            h.update(f"\n{rel}\0{label}\0{self.object_sizes.get(rel, -1)}".encode("utf-8", "surrogateescape"))
+            h.update(f"\n{rel}\0{label}\0{self.object_sizes.get(rel, -1)}\0{self.object_versions.get(rel, '')}"
+                     .encode("utf-8", "surrogateescape"))
         return h.hexdigest()
 
 
@@ -361,15 +364,17 @@ def remote_source(url: str, *, num_classes: int | None = None) -> RemoteSource:
             remote.download_file(url, local)
             listed = file_list(local, num_classes=num_classes)
         rels = [rel for rel, _ in listed.items]
-        sizes = dict(remote.list_prefix(base))
-        object_sizes = {rel: sizes.get(f"{base}/{rel}", -1) for rel in rels}
+        meta = {u: (size, version) for u, size, version in remote.list_objects(base)}
+        object_sizes = {rel: meta.get(f"{base}/{rel}", (-1, ""))[0] for rel in rels}
+        versions = {rel: meta.get(f"{base}/{rel}", (-1, ""))[1] for rel in rels}
         return RemoteSource("filelist", url, base, listed.classes, listed.items,  # type: ignore[arg-type]
-                            list(listed.warnings), object_sizes)
-    objects = remote.list_prefix(url)
+                            list(listed.warnings), object_sizes, versions)
+    objects = remote.list_objects(url)
     if not objects:
         raise SourceError(f"{url}: no objects under this prefix.\nHINT: an ImageFolder layout is "
                           "PREFIX/<class>/<image>; check the bucket and prefix.")
-    rel_sizes = {u[len(url) + 1:]: size for u, size in objects}
+    rel_sizes = {u[len(url) + 1:]: size for u, size, _ in objects}
+    rel_versions = {u[len(url) + 1:]: version for u, _, version in objects}
     by_class: dict[str, list[str]] = {}
     for rel in rel_sizes:
         if "/" in rel and _is_image_name(rel):
@@ -380,7 +385,7 @@ def remote_source(url: str, *, num_classes: int | None = None) -> RemoteSource:
                           "ImageFolder layout is PREFIX/<class>/<image>.")
     items = [(rel, label) for label, name in enumerate(classes) for rel in sorted(by_class[name])]
     return RemoteSource("imagefolder", url, url, classes, items, [],  # type: ignore[arg-type]
-                        {rel: rel_sizes[rel] for rel, _ in items})
+                        {rel: rel_sizes[rel] for rel, _ in items}, {rel: rel_versions[rel] for rel, _ in items})
 
 
 def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
@@ -388,10 +393,11 @@ def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] =
     """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs, and
     ``pack.containers.container_source`` for WebDataset tar shards and Parquet files (local or remote)."""
     from fastload.pack.containers import container_source, is_container_source
-    from fastload.store.remote import is_remote
+    from fastload.store.remote import is_remote, listed_once
 
-    if is_container_source(str(path)):
-        return container_source(path)
-    if is_remote(str(path)):
-        return remote_source(str(path), num_classes=num_classes)
+    with listed_once():  # a remote prefix is listed once, whatever asks
+        if is_container_source(str(path)):
+            return container_source(path)
+        if is_remote(str(path)):
+            return remote_source(str(path), num_classes=num_classes)
     return open_source(path, exclude=exclude, num_classes=num_classes)

@@ -86,8 +86,8 @@ def _prepare_item(location: str, options: PrepareOptions) -> Prepared | Rejected
         try:
             data = read_member(location)
         except Exception as exc:  # noqa: BLE001 - reported against this sample; the shard goes on
-            if type(exc).__name__ == "RemoteStoreError":
-                raise
+            if isinstance(exc, OSError) or getattr(exc, "io_failure", False):
+                raise  # the container could not be read now (disk, object store): fail the shard, not skip
             return Rejected(f"cannot read it from its container: {type(exc).__name__}: {exc}")
         if len(data) > options.max_file_bytes:
             return Rejected(f"larger than the {options.max_file_bytes:,}-byte limit ({len(data):,} bytes)")

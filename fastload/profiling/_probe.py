@@ -146,7 +146,7 @@ class Track:
         self.key, self.index = key, index
         self.kind = type(loader).__name__
         self.meta: dict[str, Any] = {"class": f"{type(loader).__module__}.{type(loader).__qualname__}"}
-        for attr in ("num_workers", "pin_memory", "prefetch_factor", "batch_size", "persistent_workers"):
+        for attr in ("num_workers", "pin_memory", "prefetch_factor", "batch_size", "persistent_workers", "backend"):
             value = getattr(loader, attr, None)
             if value is None or isinstance(value, (bool, int, float, str)):
                 self.meta[attr] = value

@@ -9,6 +9,13 @@ Noise: each profile keeps its measured steps' count, mean and standard deviation
 its standard error, ``2 * sqrt(sd_a^2 / n_a + sd_b^2 / n_b)`` (about 95% for independent steps;
 steps that drift together, e.g. a machine that gets busier, make it optimistic).
 
+Rounds (``--verify-fix``): the within-run test above cannot see the machine's load changing between
+two runs (a 1.50x "outside the noise" was that drift). ``compare_rounds`` takes baseline/changed
+pairs run interleaved (A1 B1 A2 B2 ...): the measured ratio is the geometric mean of the rounds' B/A
+ratios, and the noise is the larger of the spread of those ratios (max - min) and the drift of the
+baseline runs (max / min - 1). The difference is called real only when every round moves the same
+way and ``|ratio - 1|`` exceeds that noise.
+
 Must not: run anything, import torch.
 """
 
@@ -21,7 +28,8 @@ from typing import Any
 
 from fastload.errors import ProfileError
 
-__all__ = ["read_profile", "read_result_or_profile", "compare_figures", "compare_profiles", "is_compare_call"]
+__all__ = ["read_profile", "read_result_or_profile", "compare_figures", "compare_rounds", "compare_profiles",
+           "is_compare_call"]
 
 
 def _kind(data: Any) -> str | None:
@@ -78,6 +86,27 @@ def compare_figures(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             sb["mean_s"] - sa["mean_s"], "step_diff_se_s": se}
 
 
+def compare_rounds(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """Baseline/changed ``(A, B)`` profiles of interleaved rounds: the B/A ratio and whether it is outside the
+    run-to-run noise (see the module doc). Needs at least two rounds to judge; with one, ``outside_noise`` is
+    None (unknown), never True."""
+    ratios = [b["images_per_s"] / a["images_per_s"] for a, b in pairs if a["images_per_s"] > 0]
+    base = [a["images_per_s"] for a, _ in pairs if a["images_per_s"] > 0]
+    if not ratios:
+        return {"ratio": float("nan"), "round_ratios": [], "noise": None, "baseline_drift": None,
+                "outside_noise": None}
+    ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(r > 0 for r in ratios) else 0.0
+    spread = max(ratios) - min(ratios)
+    drift = max(base) / min(base) - 1.0
+    noise = max(spread, drift)
+    outside = None
+    if len(ratios) >= 2:
+        same_way = all(r > 1 for r in ratios) or all(r < 1 for r in ratios)
+        outside = same_way and abs(ratio - 1.0) > noise
+    return {"ratio": ratio, "round_ratios": ratios, "noise": noise, "ratio_spread": spread,
+            "baseline_drift": drift, "outside_noise": outside}
+
+
 def _fmt(v: float | None, pct: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
@@ -115,7 +144,8 @@ def compare_profiles(a: dict[str, Any], b: dict[str, Any], *, names: tuple[str, 
     else:
         noise = 2 * cmp["step_diff_se_s"] * 1e3
         lines.append(f"mean step {cmp['step_diff_s'] * 1e3:+.1f} ms (B - A), noise +/-{noise:.1f} ms (2 standard "
-                     "errors): " + ("the difference is outside the noise" if cmp["outside_noise"]
+                     "errors of the steps within each run; drift of the machine's load between the runs is not "
+                     "in it: rerun both to check): " + ("the difference is outside the noise" if cmp["outside_noise"]
                                    else "within the noise: measure more steps to tell them apart"))
     if a.get("verdict") != b.get("verdict"):
         lines += [f"verdict A: {a.get('verdict')}", f"verdict B: {b.get('verdict')}"]

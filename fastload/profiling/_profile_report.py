@@ -164,6 +164,7 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
         "percentiles_ms": {"step": {k: v * 1e3 for k, v in percentiles([s[2] for s in steps]).items()},
                            "data_wait": {k: v * 1e3 for k, v in percentiles([s[1] for s in steps]).items()}},
         "loader": {"key": track["key"], "class": meta.get("class"), "num_workers": workers,
+                   "backend": meta.get("backend"),
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
                    "created_at": meta.get("created_at"), "iterated_at": meta.get("iterated_at"),
                    "dataset": meta.get("dataset"),
@@ -270,7 +271,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append("recommendations:")
     for i, r in enumerate(s["recommendations"], 1):
         gain = r["expected_gain"]
-        said = (f"predicted {gain:.2f}x images/s" if r.get("stage") else
+        said = (f"predicted {gain:.2f}x images/s" if r.get("stage") and not r.get("bound") else
                 f"up to {gain:.2f}x images/s" if gain > 1.0 else "no gain predicted")
         lines.append(f"  {i}. {r['change']}: {said}. {r['why']}")
         if r.get("code"):
@@ -278,11 +279,18 @@ def format_summary(s: dict[str, Any]) -> str:
     v = s.get("verify_fix")
     if v and "skipped" in v:
         lines.append(f"verify-fix: skipped: {v['skipped']}")
+    elif v and v.get("not_applied"):
+        lines.append(f"verify-fix: NOT APPLIED: {v['change']}: {v['not_applied']}")
     elif v:
+        base, changed = v["images_per_s"]
+        rounds = ", ".join(f"{r:.2f}x" for r in v["round_ratios"])
+        judged = ("outside the noise" if v["outside_noise"] else "within the noise: the change is not shown to "
+                  "matter" if v["outside_noise"] is False else "noise unknown")
         lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: predicted "
-                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s "
-                     f"({v['images_per_s'][0]:.1f} -> {v['images_per_s'][1]:.1f}; "
-                     + ("outside the noise" if v["outside_noise"] else "within the noise") + f"); {v['profile']}")
+                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
+                     f"rounds (each {rounds}; baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "
+                     + "/".join(f"{x:.1f}" for x in changed) + f" images/s; run-to-run noise +/-{v['noise'] or 0:.2f}: "
+                     + judged + f"); {v['profile']}")
     if s.get("headspace"):
         h = s["headspace"]
         lines.append(f"headspace: {h['images_per_s']:.1f} images/s with batches replayed from memory "

@@ -24,9 +24,14 @@ workers within 2% of the best, and only when it gains 5%; when no count gains an
 keeps most of a CPU busy the verdict is "CPU-bound training". The measured T stands for the
 current worker count. A change that removes a measured part of the sample time (read, decode,
 the float transforms) shrinks ``t_b`` and ``t_cpu`` by that part. Gains are capped at the
-perfect-loader bound; a change predicted to gain under 2% is not offered. The figures and the
-assumptions behind them (the CPUs available are the affinity/quota count, other users' load is
-not subtracted) are in docs/profile-advice.md.
+perfect-loader bound
+``1 / (1 - bound)``, at what the measured data wait allows ``1 / (1 - data_wait_fraction)``, and at
+what the CPUs can load: ``P`` CPUs over the batch's measured CPU time, ``T * P / (t_b * cpu share)``; a
+change predicted to gain under 2% is not offered. ``backend="threads"``: loader threads share the GIL
+and this process's CPUs with the training loop, which the worker model (processes) does not describe;
+no gain is predicted for a thread count, and the other changes carry only their upper bound
+(``bound``). The figures and the assumptions behind them (the CPUs available are the affinity/quota
+count, other users' load is not subtracted) are in docs/profile-advice.md.
 
 Must not: run anything, import torch.
 """
@@ -124,9 +129,12 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
 
     samples = s["samples"]
     T = 1.0 / s["steps_per_s"]
-    cap = 1.0 / max(1e-9, 1.0 - bound)
+    # no change to the loading can beat a loader that never makes the step wait: 1 / (1 - input-bound share),
+    # and never more than the measured data wait allows
+    cap = min(1.0 / max(1e-9, 1.0 - bound), 1.0 / max(1e-9, 1.0 - wait))
     c = T * (1.0 - bound)
     w_now, cpus = loader["num_workers"], loader["cpus_per_process"]
+    threads = loader.get("backend") == "threads"
     step_cpu = s.get("step_cpu")
     # CPUs the step wants (CPU time + waiting for a CPU), at most this process's: the run-queue part is what
     # other processes (or our own workers) took from it; unknown (an older probe): taken to use no CPU
@@ -144,6 +152,13 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         # free, that wait let 2 workers on 2 CPUs promise more than 2x (2.53x under Lightning, where the tiny
         # step left the contended check below unarmed); only the blocked part (I/O, sleep) overlaps
         tcpu = tb * min(1.0, share + (samples.get("runqueue_share") or 0.0))
+        def cpu_cap(tb_new: float) -> float:
+            """Nor faster than this process's CPUs can do the loading's own CPU time (images/s <= CPUs / CPU
+            seconds per image), after a change that leaves ``tb_new`` of the batch's loading time."""
+            return T * cpus / (tb_new * share) if tb_new * share > 0 else math.inf
+
+        load_cap = cap  # the perfect-loader bound, for changes that move loading work off this process's CPUs
+        cap = min(cap, cpu_cap(tb))
         parts = samples["parts"]
         top = max(parts, key=parts.get)
         details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
@@ -156,9 +171,20 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             return predict_step(n, c=c, tb=tb_new, tcpu=tcpu_new, cpus=cpus, step_cores=cores)
 
         def gain(tb_new: float, tcpu_new: float, candidates: tuple[int, ...]) -> float:
-            return min(cap, T / min(step_time(n, tb_new, tcpu_new) for n in candidates))
+            bound_new = min(load_cap, cpu_cap(tb_new))
+            if threads:  # no thread model (see below): only the bound that removing that part of the sample allows
+                return min(bound_new, tb / max(1e-12, tb_new))
+            return min(bound_new, T / min(step_time(n, tb_new, tcpu_new) for n in candidates))
 
         saturated = w_now > 0 and tcpu / cpus >= 0.9 * c
+        if threads:
+            # loader threads are not worker processes: they share the GIL with each other and with the training
+            # loop (the Python-level part of a sample, e.g. transforms, runs one thread at a time; only C code that
+            # releases the GIL, such as decode, overlaps) and this process's CPUs. The worker model would treat
+            # them as processes and promise gains that cannot happen, so no thread-count gain is predicted.
+            details.append(f"backend='threads': {w_now} loader threads share the GIL and this process's {cpus} CPUs "
+                           "with the training loop; the worker model is for processes, so no gain is predicted for "
+                           "a thread count (A/B it: fastload recipe run, or profile backend='processes')")
         util = loader["worker_cpu_util_mean"]
         if w_now and util is not None:
             details.insert(0, f"workers are {'CPU-saturated' if saturated else 'not CPU-bound'} "
@@ -168,7 +194,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         step_rq = (step_cpu or {}).get("runqueue_share") or 0.0
         # other processes take the CPUs a CPU-heavy step wants: what workers would do there is not predictable
         # (the scheduler shares by thread; on the team's loaded 2-CPU machine they measured 0.73-1.04x)
-        contended = (starved or step_rq >= 0.25) and cores >= 0.75
+        contended = (starved or step_rq >= 0.25) and cores >= 0.75 and not threads
         if starved or step_rq >= 0.25:
             details.append(f"{'samples' if starved else 'the step'} waited for a CPU "
                            f"{rq if starved else step_rq:.0%} of the time: the machine is oversubscribed, and the "
@@ -178,7 +204,8 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         # workers beyond the plan only where samples mostly block (I/O, sleep): they overlap the waiting
         top_n = min(4 * cpus, max(plan_workers, math.ceil(tb / c - 1e-9))) if io_bound else plan_workers
         # the measured step is the reference for the current worker count (the model would only add its error)
-        ratio = {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)}
+        ratio = ({w_now: 1.0} if threads else
+                 {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)})
         s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
                              "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers"}
                             for n, g in sorted(ratio.items(), key=lambda kv: kv[0] != plan_workers)
@@ -214,7 +241,7 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             recs.append({"change": change, "stage": "workers", "why": why, "expected_gain": ratio[best],
                          "apply": {"num_workers": best},
                          "code": _code(created, {"num_workers": value})})
-        elif cores >= 0.75 and best_gain < 1.05:
+        elif cores >= 0.75 and best_gain < 1.05 and not threads:
             tried = max(w_now + 1, plan_workers)
             cpu_bound_verdict = (
                 f"CPU-bound training: loading and compute share {cpus} CPUs (the step wants {cores:.1f}, "
@@ -255,6 +282,9 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                      "code": _code(created, {"pin_memory": True})})
     if storage_verdict:  # the samples wait for the link: no CPU verdict (waiting takes no CPU) overrides that
         cpu_bound_verdict = None
+    if threads:
+        for r in recs:
+            r["bound"] = True  # an upper bound, not a prediction (no thread model)
     recs = [r for r in recs if r["expected_gain"] >= 1.02]  # a change predicted to gain nothing is no advice
     if cpu_bound_verdict:
         recs.append({"change": "none on the loading side: make the step cheaper (smaller model or batch, "
@@ -262,8 +292,10 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                      "why": cpu_bound_verdict.split(": ", 1)[1]})
     elif not recs:
         recs.append({"change": "A/B the loading stages on your data: fastload recipe run", "stage": None,
-                     "why": "input-bound, but no single part of the sample time stands out",
-                     "expected_gain": cap})
+                     "why": "input-bound, but no single part of the sample time stands out"
+                            + ("; the loading already uses every CPU this process has: only cheaper samples can "
+                               "help" if cap < 1.02 else ""),
+                     "expected_gain": cap, "bound": True})
     recs.sort(key=lambda r: -r["expected_gain"])
     if storage_verdict:
         return "; ".join([storage_verdict, where, *details]), recs

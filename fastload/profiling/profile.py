@@ -305,9 +305,18 @@ def _clear(out: Path) -> None:
             stale.unlink()
 
 
+VERIFY_ROUNDS = 2  #: --verify-fix: baseline/changed rounds, interleaved (the profile itself is the first baseline)
+
+
 def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summary: dict[str, Any]) -> dict:
-    """Rerun with the top change fastload can apply from outside; predicted vs measured images/s."""
-    from fastload.profiling._profile_compare import compare_figures
+    """Rerun with the top change fastload can apply from outside; predicted vs measured images/s.
+
+    The runs interleave, A1 (the profile) B1 A2 B2, and the measured ratio is judged against the spread
+    across rounds and the baseline's drift (``compare_rounds``), not only the steps' spread within a run.
+    When the rerun shows the change was not applied to the training loader, nothing is compared: a ratio
+    between two runs of the same code is the machine's load changing, not the change.
+    """
+    from fastload.profiling._profile_compare import compare_rounds
 
     pick = _recommend.change_to_verify(summary)
     if pick is None:
@@ -315,19 +324,45 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
                            "and pin_memory can): apply it by hand and compare with `fastload profile compare`"}
     vdir = out / "verify"
     vdir.mkdir(exist_ok=True)
-    _clear(vdir)
     vopts = ProfileOptions(steps=options.steps, seconds=options.seconds, warmup=options.warmup, kineto_steps=0)
-    rc, _ = _run_child(command, _child_env(vdir, vopts, None, {"key": summary["loader"]["key"], **pick["apply"]}))
-    _, vs = summarize_dir(vdir)
-    vs["exit_status"] = exit_status(rc)
-    (vdir / "profile.json").write_text(json.dumps(vs, indent=1))
-    cmp = compare_figures(summary, vs)
-    measured = cmp["images_per_s_ratio"]
-    predicted = pick["expected_gain"]
-    return {"change": pick["change"], "apply": pick["apply"], "applied": vs.get("applied", {}),
-            "why": pick.get("verify_why", "the top recommendation"), "predicted": predicted, "measured": measured,
-            "error": measured / predicted - 1.0 if predicted else None, "outside_noise": cmp["outside_noise"],
-            "images_per_s": [summary["images_per_s"], vs["images_per_s"]], "profile": str(vdir / "profile.json")}
+    apply = {"key": summary["loader"]["key"], **pick["apply"]}
+
+    def rerun(folder: Path, change: dict[str, Any] | None) -> dict[str, Any]:
+        folder.mkdir(exist_ok=True)
+        _clear(folder)
+        rc, _ = _run_child(command, _child_env(folder, vopts, None, change))
+        _, result = summarize_dir(folder)
+        result["exit_status"] = exit_status(rc)
+        (folder / "profile.json").write_text(json.dumps(result, indent=1))
+        return result
+
+    base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
+            "predicted": pick["expected_gain"], "profile": str(vdir / "profile.json")}
+    changed = rerun(vdir, apply)
+    applied = changed.get("applied", {})
+    if applied != pick["apply"]:
+        missing = {k: v for k, v in pick["apply"].items() if applied.get(k) != v}
+        return {**base, "applied": applied, "measured": None, "outside_noise": None,
+                "not_applied": f"{_describe(missing)} could not be set on the training loader "
+                               f"{summary['loader']['key']} from outside the script (fastload sets it where the "
+                               "loader's iterator is made by torch's or fastload's DataLoader; a loader wrapped by "
+                               "watch() or rebuilt by a framework is out of reach): nothing was changed, so "
+                               "nothing is measured. Apply it by hand and compare the two runs with "
+                               "`fastload profile compare A/profile.json B/profile.json`"}
+    pairs = [(summary, changed)]
+    for i in range(2, VERIFY_ROUNDS + 1):
+        pairs.append((rerun(vdir / f"round{i}-baseline", None), rerun(vdir / f"round{i}-changed", apply)))
+    judged = compare_rounds(pairs)
+    measured = judged["ratio"]
+    return {**base, "applied": applied, "measured": measured,
+            "error": measured / base["predicted"] - 1.0 if base["predicted"] else None,
+            "outside_noise": judged["outside_noise"], "noise": judged["noise"],
+            "round_ratios": judged["round_ratios"], "baseline_drift": judged["baseline_drift"],
+            "images_per_s": [[a["images_per_s"] for a, _ in pairs], [b["images_per_s"] for _, b in pairs]]}
+
+
+def _describe(changes: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in changes.items()) or "the change"
 
 
 class _Watched:

@@ -327,7 +327,10 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
 
     base = remote.RemoteLocation.parse(url)
     murl = base.child(MANIFEST_NAME)
-    if remote.head(murl) is None:
+    if remote.head(murl) is None:  # a missing bucket raises here (remote.stat lists when HEAD says 404)
+        if not remote.list_prefix(base):
+            raise IncompleteStoreError(f"{base}: nothing at this URL (no objects under the prefix).\nHINT: check "
+                                       "the bucket and prefix (a typo?); a store converted there has a manifest.json.")
         raise IncompleteStoreError(f"{murl}: no manifest: the conversion into {base} has not finished.\nHINT: rerun "
                                    "the same `fastload convert` command: it redoes only the missing shards.")
     manifest = Manifest.from_json(remote.get_bytes(murl), where=str(murl))

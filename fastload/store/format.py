@@ -14,7 +14,10 @@ Layout of one store (an LMDB environment directory):
   source fingerprint and the options. Lets a rerun resume, and refuses to mix sources.
 * ``~chunk/<8-byte n>`` → JSON for each committed chunk: what it consumed from the source,
   and per sample its label, checksum, encoding and why it was canonicalised or re-encoded,
-  and the PSNR of its lossy writes. Deleted when the store is finished.
+  the PSNR of its lossy writes, and per file (stored or skipped) what was repaired so that
+  Pillow reads it (``salvaged``) and what the decoders warned about (``decoder_warnings``),
+  so that a resumed conversion reports the files of the run that was killed too (records
+  written before those fields existed read as having none). Deleted when the store is finished.
 * ``~meta`` → JSON header, plus ``~meta/<name>`` → one ``.npy`` array each (labels,
   crc32, encoding, stored_as) and ``~meta/paths`` (NUL-joined relative paths, UTF-8;
   names that are not valid UTF-8 are kept byte for byte with ``surrogateescape``). The
@@ -89,6 +92,10 @@ class ChunkRecord:
     paths: list[str] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
     psnr: list[float] = field(default_factory=list)  # of the lossy writes in this chunk, in dB
+    #: files stored after a repair Pillow needs: ``{"relpath", "what"}`` (absent in older records)
+    salvaged: list[dict[str, str]] = field(default_factory=list)
+    #: decoder (Pillow) warnings per file, stored or skipped: ``{"relpath", "warnings": [...]}``
+    decoder_warnings: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, *, label: int, crc32: int, encoding: str, stored_as: str, reason: str | None, path: str,
             nbytes: int, psnr: float | None = None) -> None:
@@ -102,6 +109,13 @@ class ChunkRecord:
         self.paths.append(path)
         if psnr is not None:
             self.psnr.append(psnr)
+
+    def note(self, *, path: str, salvaged: str | None, warnings: tuple[str, ...] | list[str]) -> None:
+        """Record what a worker said about one file besides the verdict (a repair, decoder warnings)."""
+        if salvaged:
+            self.salvaged.append({"relpath": path, "what": salvaged})
+        if warnings:
+            self.decoder_warnings.append({"relpath": path, "warnings": list(warnings)})
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self)).encode()

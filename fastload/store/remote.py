@@ -19,10 +19,12 @@ Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +33,8 @@ from typing import Any
 from fastload.errors import MissingDependencyError, RemoteStoreError
 
 __all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader", "put_bytes",
-           "upload_file", "download_file", "head", "list_prefix", "delete", "RETRY"]
+           "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once", "delete",
+           "RETRY"]
 
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
@@ -268,39 +271,93 @@ def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> in
     return size
 
 
-def head(url: str | RemoteLocation) -> int | None:
-    """The size of the object at ``url``, or None when there is none."""
+def _version(meta) -> str:
+    """What changes when an object is overwritten: its ETag, else its last-modified time."""
+    tag = meta.get("e_tag") or meta.get("version")
+    if tag:
+        return str(tag)
+    when = meta.get("last_modified")
+    return when.isoformat() if when is not None else ""
+
+
+def stat(url: str | RemoteLocation) -> tuple[int, str] | None:
+    """``(size, version)`` of the object at ``url`` (version: ETag, else last-modified), or None when
+    there is none. S3 answers a HEAD on a missing bucket with a bare 404 (no body), so on None the
+    prefix is listed too: that raises the bucket error (names it) instead of "no such object"."""
     import obstore
 
     loc = RemoteLocation.parse(url)
     try:
-        return int(obstore.head(_store(loc), loc.prefix)["size"])
+        meta = obstore.head(_store(loc), loc.prefix)
+        return int(meta["size"]), _version(meta)
     except RemoteStoreError:
         raise
     except FileNotFoundError as exc:
         if "NoSuchBucket" in str(exc):
             raise _error(loc, "looking up", exc) from None
-        return None
     except Exception as exc:
         raise _error(loc, "looking up", exc) from None
+    parent = RemoteLocation(loc.scheme, loc.bucket, loc.prefix.rsplit("/", 1)[0] if "/" in loc.prefix else "")
+    try:  # one page of one key is enough to raise NoSuchBucket
+        next(iter(obstore.list(_store(loc), prefix=parent.prefix or None, chunk_size=1)), None)
+    except Exception as exc:
+        raise _error(loc, "looking up", exc) from None
+    return None
 
 
-def list_prefix(url: str | RemoteLocation) -> list[tuple[str, int]]:
-    """``(url, size)`` of every object under ``url`` (a folder-like prefix), sorted by URL."""
+def head(url: str | RemoteLocation) -> int | None:
+    """The size of the object at ``url``, or None when there is none (a missing bucket raises)."""
+    found = stat(url)
+    return None if found is None else found[0]
+
+
+_LISTED: dict[str, list[tuple[str, int, str]]] | None = None
+
+
+@contextlib.contextmanager
+def listed_once() -> Iterator[None]:
+    """Within this block each prefix is listed once (later ``list_objects`` of it reuse the answer):
+    opening a source asks "is it tar shards?", "which images?", "which sizes?" of one listing."""
+    global _LISTED
+    outer = _LISTED
+    if outer is None:
+        _LISTED = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _LISTED = None
+
+
+def list_objects(url: str | RemoteLocation) -> list[tuple[str, int, str]]:
+    """``(url, size, version)`` of every object under ``url`` (a folder-like prefix), sorted by URL;
+    ``version``: the ETag (else last-modified), which changes when an object is overwritten."""
     import obstore
 
     loc = RemoteLocation.parse(url)
+    memo = _LISTED
+    if memo is not None and str(loc) in memo:
+        return memo[str(loc)]
     try:
         store = _store(loc)
         out = []
         for batch in obstore.list(store, prefix=loc.prefix or None, chunk_size=1000):
             for meta in batch:
-                out.append((str(RemoteLocation(loc.scheme, loc.bucket, meta["path"])), int(meta["size"])))
+                out.append((str(RemoteLocation(loc.scheme, loc.bucket, meta["path"])), int(meta["size"]),
+                            _version(meta)))
     except RemoteStoreError:
         raise
     except Exception as exc:
         raise _error(loc, "listing", exc) from None
-    return sorted(out)
+    out.sort()
+    if memo is not None:
+        memo[str(loc)] = out
+    return out
+
+
+def list_prefix(url: str | RemoteLocation) -> list[tuple[str, int]]:
+    """``(url, size)`` of every object under ``url`` (a folder-like prefix), sorted by URL."""
+    return [(u, size) for u, size, _ in list_objects(url)]
 
 
 def delete(url: str | RemoteLocation) -> None:

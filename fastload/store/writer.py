@@ -300,6 +300,9 @@ class StoreWriter:
             "encodings": {name: int((enc == i).sum()) for i, name in enumerate(fmt.ENCODINGS)},
             "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
             "bytes": int(sum(c.bytes for c in chunks)),
+            # per file, from every run that wrote a chunk (a resume included); absent in older headers
+            "salvaged": [x for c in chunks for x in c.salvaged],
+            "decoder_warnings": [x for c in chunks for x in c.decoder_warnings],
         }
         puts = fmt.meta_records(header, {"labels": labels, "crc32": crc, "encoding": enc, "stored_as": stored_as},
                                 paths)

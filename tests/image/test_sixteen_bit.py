@@ -64,3 +64,106 @@ def test_every_16_bit_mode_follows_the_high_byte_rule(mode, interlace):
     assert exact.stored_as == "canonicalised" and np.array_equal(decode_rgb(exact.data), want)
     lossy = prepare(data)
     assert np.abs(decode_rgb(lossy.data).astype(int) - want).mean() < 4.0
+
+
+# ---- every reader, every 16-bit mode (ARCHITECTURE: every stored record decodes, to the same pixels,
+# with every decoder fastload reads with) -----------------------------------------------------------
+
+
+def _tree16(root):
+    """One file per 16-bit mode; the tRNS key colour fills a block of pixels (it is present in the image)."""
+    files = {}
+    for k, (mode, (colour, channels, trns)) in enumerate(MODES.items()):
+        samples = _samples(channels, seed=10 + k)
+        samples[8:20, 10:30] = samples[3, 3]  # the key colour, where a tRNS names it, covers 240 pixels
+        name = f"{k}-{mode.split(' ')[0].replace('+', '-')}.png"
+        (root / "a").mkdir(parents=True, exist_ok=True)
+        (root / "a" / name).write_bytes(_png16(samples, colour, trns=trns(samples) if trns else None))
+        colours = samples[..., :1] if channels <= 2 else samples[..., :3]
+        files[f"a/{name}"] = np.ascontiguousarray(np.broadcast_to((colours >> 8).astype(np.uint8),
+                                                                  samples.shape[:2] + (3,)))
+    return files
+
+
+class _Exact:
+    """A transform with ``from_bytes``: the dataset hands it the stored bytes (the presets' fast path)."""
+
+    def from_bytes(self, data, generator=None):
+        import torch
+
+        from fastload.image.fast import decode_rgb_fast
+
+        return torch.from_numpy(decode_rgb_fast(data))
+
+
+def _mean_diff(a, b) -> float:
+    return float(np.abs(np.asarray(a).astype(int) - b).mean())
+
+
+def test_every_16_bit_mode_reads_the_same_through_every_reader_of_the_originals(tmp_path):
+    """The original files: the reference decode, the fast path, serve's preprocessing (bytes) and the
+    presets given a PIL image (they used to take Pillow's convert("RGB"), which clips 16-bit grayscale:
+    ~130 grey levels off the rule on these images)."""
+    from PIL import Image
+
+    from fastload.image.fast import decode_rgb_fast
+    from fastload.load.transforms import eval_transform
+    from fastload.serve.preprocess import decode_request
+
+    files = _tree16(tmp_path)
+    h, w = next(iter(files.values())).shape[:2]
+    preset = eval_transform(size=h, resize=h)  # no resampling: the centre h x h crop of the pixels
+    left = int(round((w - h) / 2.0))
+    for rel, want in files.items():
+        data = (tmp_path / rel).read_bytes()
+        crop = want[:, left:left + h]
+        assert _mean_diff(decode_rgb(data), want) == 0, rel
+        assert _mean_diff(decode_rgb_fast(data), want) == 0, rel
+        assert _mean_diff(decode_request(preset, data, 10**6).permute(1, 2, 0), crop) == 0, rel
+        with Image.open(tmp_path / rel) as img:
+            img.load()
+            assert _mean_diff(preset(img).permute(1, 2, 0), crop) == 0, (rel, img.mode)
+
+
+@pytest.mark.slow  # 30-45 s on the loaded 2-core machine: verify's worker processes, DALI's start
+@pytest.mark.parametrize("lossless", [False, True], ids=["default", "lossless"])
+def test_every_16_bit_mode_reads_the_same_through_every_reader_of_the_store(tmp_path, lossless):
+    """Converted (default: JPEG q95 4:4:4; --lossless: PNG), then read by the dataset's PIL path, its fast
+    path, the threads backend and every decoder ``verify`` knows (DALI's CPU decoder when installed)."""
+    import importlib.util
+
+    from fastload import DataLoader
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.pack.convert import ConvertOptions, convert
+    from fastload.store.check import verify_store
+
+    files = _tree16(tmp_path / "src")
+    store = tmp_path / "store"
+    report = convert(tmp_path / "src", store, ConvertOptions(progress=False, workers=1, lossless=lossless))
+    assert report.stored == len(files) and not report.skipped
+    bound = 4.0 if not lossless else 0.0  # JPEG q95's loss, on average; exact for --lossless
+    plain, fast = LMDBImageDataset(store), LMDBImageDataset(store, transform=_Exact())
+    rels = [rel for rel, _ in plain.samples]
+    assert sorted(rels) == sorted(files)
+    for i, rel in enumerate(rels):
+        assert _mean_diff(plain[i][0], files[rel]) <= bound, rel
+        assert _mean_diff(fast[i][0], files[rel]) <= bound, rel
+        assert np.array_equal(np.asarray(plain[i][0]), fast[i][0].numpy()), rel
+    loader = DataLoader(fast, batch_size=1, num_workers=2, backend="threads", collate_fn=lambda b: b[0])
+    for i, (img, _) in enumerate(loader):
+        assert _mean_diff(img, files[rels[i]]) <= bound, rels[i]
+    decoders = ("fastload", "pil", "torchvision") + (("dali",) if importlib.util.find_spec("nvidia.dali") else ())
+    verified = verify_store(store, decoders=decoders, workers=1)
+    assert not verified.failures, verified.failures
+
+
+@pytest.mark.dali
+def test_dali_cpu_on_the_16_bit_originals_is_within_one_level_of_the_rule(tmp_path):
+    """DALILoader reading a folder decodes the original files: DALI scales 16-bit samples (v * 255 / 65535,
+    rounded) where fastload keeps the high byte: at most 1 level apart, never more."""
+    from fastload.store.check import _Decoders
+
+    dec = _Decoders()
+    for rel, want in _tree16(tmp_path).items():
+        got = dec.decode("dali", (tmp_path / rel).read_bytes())
+        assert got.shape == want.shape and np.abs(got.astype(int) - want).max() <= 1, rel

@@ -96,3 +96,47 @@ def test_tar_and_parquet_on_s3(s3_server, fresh_bucket, tiny_tree, tmp_path):
     convert_sharded(f"s3://{fresh_bucket}/pq", tmp_path / "from-pq", OPTS, EngineOptions(num_shards=2))
     _check(tmp_path / "from-wds", expected)
     _check(tmp_path / "from-pq", expected)
+
+
+def test_listing_remote_containers_reads_headers_not_images(s3_server, fresh_bucket, tmp_path, monkeypatch):
+    import numpy as np
+    import obstore
+    from PIL import Image
+
+    tree = tmp_path / "tree"
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tree / c).mkdir(parents=True)
+        for k in range(4):  # noise: ~120 KB a PNG, so image bytes dwarf headers, footers and labels
+            Image.fromarray(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)).save(tree / c / f"{k}.png")
+    _make_tars(tree, tmp_path / "wds", per_tar=4)
+    _make_parquet(tree, tmp_path / "pq")
+    total = {}
+    for folder in ("wds", "pq"):
+        for f in sorted((tmp_path / folder).iterdir()):
+            remote.upload_file(f, f"s3://{fresh_bucket}/{folder}/{f.name}")
+        total[folder] = sum(f.stat().st_size for f in (tmp_path / folder).iterdir())
+    fetched, listed = [], []
+    real_range, real_reader, real_list = remote.get_range, remote.open_reader, obstore.list
+
+    def get_range(url, start, length):
+        data = real_range(url, start, length)
+        fetched.append(len(data))
+        return data
+
+    def open_reader(url):  # obstore's reader fetches 4 MB buffers: its first fetch, at least
+        fetched.append(min(4 << 20, remote.head(url)))
+        return real_reader(url)
+
+    monkeypatch.setattr(remote, "get_range", get_range)
+    monkeypatch.setattr(remote, "open_reader", open_reader)
+    monkeypatch.setattr(obstore, "list", lambda *a, **k: listed.append(k.get("prefix")) or real_list(*a, **k))
+    from fastload.pack.sources import open_any_source
+
+    for folder in ("wds", "pq"):
+        fetched.clear()
+        listed.clear()
+        src = open_any_source(f"s3://{fresh_bucket}/{folder}")
+        assert len(src) == 8 and src.kind == {"wds": "webdataset", "pq": "parquet"}[folder]
+        assert sum(fetched) < total[folder] / 8, (folder, sum(fetched), total[folder])
+        assert listed == [f"{folder}"], listed  # the prefix is listed once

@@ -448,3 +448,22 @@ def test_psnr_matches_the_float_formula_and_is_exact_for_equal_images():
     want = 10 * np.log10(255**2 / np.mean((a.astype(np.float64) - b) ** 2))
     assert psnr(a, b) == pytest.approx(want, abs=0.01)
     assert psnr(a, a) == PSNR_EXACT
+
+
+def test_source_read_error_stops_the_run_and_a_rerun_reads_the_file(tmp_path, tiny_tree, monkeypatch):
+    import fastload.pack.convert as conv
+    from fastload.errors import SourceReadError
+
+    src = copy_tree(tiny_tree, tmp_path / "src")
+    (src / "aurora" / "flaky_read.jpg").write_bytes(plain_images()["rgb.jpg"])
+    fault = tmp_path / "fault"
+    fault.touch()
+    monkeypatch.setenv("FASTLOAD_TEST_FAULT", str(fault))
+    monkeypatch.setattr(conv, "_HANDLER", "flaky_read_handler:prepare_item")
+    with pytest.raises(SourceReadError, match=r"flaky_read.jpg: reading it failed"):
+        convert(src, tmp_path / "out", ConvertOptions(**QUIET))
+    with pytest.raises(IncompleteStoreError):
+        LMDBImageDataset(tmp_path / "out")
+    fault.unlink()
+    report = convert(src, tmp_path / "out", ConvertOptions(**QUIET))
+    assert report.skipped == [] and report.stored == len(ImageFolder(str(tiny_tree))) + 1

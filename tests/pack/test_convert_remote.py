@@ -126,3 +126,37 @@ def test_driver_killed_and_rerun_resumes(s3_server, fresh_bucket, tiny_tree, tmp
     assert r.exit_code == 0, r.output
     assert "resumed after" in r.output
     assert {u[len(url) + 1:]: remote.get_bytes(u) for u, _ in remote.list_prefix(url)} == _files(ref)
+
+
+def test_verify_wrong_bucket_or_empty_prefix_says_so(s3_server, fresh_bucket):
+    r = CliRunner().invoke(main, ["verify", "s3://no-such-bucket-at-all/x", "-q"])
+    assert r.exit_code == 1 and "bucket 'no-such-bucket-at-all' does not exist" in r.output, r.output
+    assert "has not finished" not in r.output
+    r = CliRunner().invoke(main, ["verify", f"s3://{fresh_bucket}/nothing-here", "-q"])
+    assert r.exit_code == 1 and "nothing at this URL" in r.output, r.output
+
+
+def test_object_overwritten_with_same_size_between_crash_and_rerun_is_named(s3_server, fresh_bucket, tiny_tree,
+                                                                            tmp_path, monkeypatch):
+    from fastload.errors import ConvertError, SourceReadError
+
+    url = f"s3://{fresh_bucket}/tree"
+    classes = sorted(p.name for p in tiny_tree.iterdir() if p.is_dir())[:2]
+    for c in classes:
+        for k, f in enumerate(sorted((tiny_tree / c).glob("*.jpg"))[:3]):
+            remote.upload_file(f, f"{url}/{c}/{'flaky_' if k == 2 else ''}{f.name}")
+    fault = tmp_path / "fault"
+    fault.touch()
+    monkeypatch.setenv("FASTLOAD_TEST_FAULT", str(fault))
+    dst, handler = tmp_path / "dst", "flaky_read_handler:prepare_item"
+    with pytest.raises(SourceReadError):  # the "crash": plan.json written, no manifest
+        convert_sharded(url, dst, OPTS, EngineOptions(num_shards=2), handler=handler)
+    fault.unlink()
+    victim = f"{url}/{classes[0]}/{sorted((tiny_tree / classes[0]).glob('*.jpg'))[0].name}"
+    data = bytearray(remote.get_bytes(victim))
+    data[-3] ^= 0x01  # same size, other bytes
+    remote.put_bytes(victim, bytes(data))
+    with pytest.raises(ConvertError, match=r"(?s)were added, removed or changed.*changed: a file of "
+                                           r"shard-00000-of-00002"):
+        convert_sharded(url, dst, OPTS, EngineOptions(num_shards=2), handler=handler)
+    assert not (dst / "manifest.json").exists()

@@ -116,3 +116,96 @@ def test_cli_refuses_contradicting_shard_options(tiny_tree, tmp_path):
     r = run("--engine", "local", "--shard-size", "40KB", "--workers", "1", "--lossless")
     assert r.exit_code == 0 and "stored 24 of 24 images" in r.output
     assert len(json.loads((tmp_path / "dst" / "manifest.json").read_text())["shards"]) > 3
+
+
+def _six_file_tree(tiny_tree: Path, tree: Path) -> Path:
+    """2 classes x 3 files of ``tiny_tree``; the second file of each class is named flaky_*."""
+    import shutil
+
+    for c in sorted(p.name for p in tiny_tree.iterdir() if p.is_dir())[:2]:
+        (tree / c).mkdir(parents=True)
+        for k, f in enumerate(sorted((tiny_tree / c).glob("*.jpg"))[:3]):
+            shutil.copyfile(f, tree / c / (f"flaky_{f.name}" if k == 1 else f"a{k}_{f.name}"))
+    return tree
+
+
+def test_source_read_error_fails_the_shard_and_a_rerun_completes_it(tiny_tree, tmp_path, monkeypatch):
+    from fastload.errors import SourceReadError
+
+    tree = _six_file_tree(tiny_tree, tmp_path / "tree")
+    ref, dst = tmp_path / "ref", tmp_path / "dst"
+    convert_sharded(tree, ref, OPTS, EngineOptions(num_shards=2))
+    fault = tmp_path / "fault"
+    fault.touch()
+    monkeypatch.setenv("FASTLOAD_TEST_FAULT", str(fault))
+    with pytest.raises(SourceReadError, match=r"flaky_.*reading it failed: RemoteStoreError.*SlowDown"):
+        convert_sharded(tree, dst, OPTS, EngineOptions(num_shards=2), handler="flaky_read_handler:prepare_item")
+    assert not (dst / "manifest.json").exists()  # not sealed with the files missing
+    assert not [p for p in dst.iterdir() if p.name.startswith("shard-")]  # no shard published without them
+    fault.unlink()  # the throttling is over: the same command finishes, with every file
+    report = convert_sharded(tree, dst, OPTS, EngineOptions(num_shards=2), handler="flaky_read_handler:prepare_item")
+    assert (report.stored, report.skipped) == (6, [])
+    assert _files(dst) == _files(ref)
+
+
+def test_address_with_a_local_src_or_dst_needs_shared_fs(tiny_tree, tmp_path):
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    dst = tmp_path / "dst"
+    for args in ([str(tiny_tree), str(dst)], [str(tiny_tree), "s3://bucket/x"]):
+        r = CliRunner().invoke(main, ["convert", *args, "--engine", "ray", "--address", "ray://127.0.0.1:1", "-q"])
+        assert r.exit_code == 2 and "--shared-fs" in r.output and "other machines" in r.output, r.output
+    r = CliRunner().invoke(main, ["convert", str(tiny_tree), str(dst), "--shared-fs", "-q"])
+    assert r.exit_code == 2 and "only means something with --engine ray --address" in r.output
+    with pytest.raises(ConvertError, match=r"(?s)SRC .* and DST .* are local paths.*--shared-fs"):
+        convert_sharded(tiny_tree, dst, OPTS, EngineOptions(engine="ray", address="ray://127.0.0.1:1"))
+    assert not dst.exists()  # refused before anything was written or any cluster joined
+
+
+def test_a_shard_published_where_the_driver_cannot_see_it_is_not_counted(tiny_tree, tmp_path, monkeypatch):
+    import fastload.pack.engines as engines
+
+    elsewhere = tmp_path / "other-machine"
+    real = engines._publish
+    # as a task on another machine does with a local DST: its rename lands in that machine's folder
+    monkeypatch.setattr(engines, "_publish", lambda data, dst, name: real(data, str(elsewhere), name))
+    dst = tmp_path / "dst"
+    with pytest.raises(ConvertError, match=r"shard-00000-of-00002 was reported published, but this machine does "
+                                           r"not see it \(missing\)"):
+        convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
+    assert not (dst / "manifest.json").exists()
+
+
+def test_shard_size_units_and_default_are_stated_truly():
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+    from fastload.pack.engines import DEFAULT_SHARD_BYTES
+
+    assert parse_size("64MB") == 64_000_000 and parse_size("64MiB") == parse_size("64Mi") == 2**26
+    assert EngineOptions().shard_bytes == DEFAULT_SHARD_BYTES == parse_size("64MiB")
+    text = " ".join(CliRunner().invoke(main, ["convert", "--help"]).output.split())
+    assert "[default: 64MiB" in text and "64MB = 64,000,000 bytes" in text
+
+
+def test_plan_and_manifest_are_fsynced_and_stale_tmp_removed(tiny_tree, tmp_path, monkeypatch):
+    import os
+
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / ".plan.json.tmp").write_text("{")  # a driver killed while writing its plan
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
+    convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
+    for name in ("plan.json", "manifest.json"):
+        assert str(dst / f".{name}.tmp") in synced  # the file, before its rename
+    assert synced.count(str(dst)) >= 4  # the folder after each rename: plan, 2 shards, manifest
+    # a driver killed mid-publish leaves a .shard-*.tmp folder: the next run removes it
+    (dst / "manifest.json").unlink()
+    (dst / ".shard-00001-of-00002.1234abcd.tmp").mkdir()
+    (dst / ".shard-00001-of-00002.1234abcd.tmp" / "data.mdb").write_bytes(b"half")
+    convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
+    assert not [p.name for p in dst.iterdir() if p.name.startswith(".")]

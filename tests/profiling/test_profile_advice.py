@@ -49,6 +49,9 @@ def main():
     torch.set_num_threads(1)
     loader = torch.utils.data.DataLoader(Sleepy(), batch_size=4,
                                          num_workers=int(os.environ.get("WORKERS", "0")))
+    if os.environ.get("WATCH"):  # iterated through watch(): --verify-fix cannot set the worker count
+        import fastload
+        loader = fastload.watch(loader)
     for step, (x, y) in enumerate(loader):
         time.sleep(STEP)
         if step == END_AT:
@@ -115,6 +118,39 @@ def test_cpu_bound_training_is_not_told_to_add_workers():
     pick = change_to_verify({**s, "recommendations": recs})
     assert pick["apply"] == {"num_workers": 1} or pick["apply"] == {"num_workers": 2}
     assert pick["expected_gain"] < 1.0
+
+
+def _bounds(s: dict) -> tuple[float, float]:
+    """The two ceilings every predicted gain must respect: the data wait's, and the CPUs' for the loading."""
+    tb_cpu = s["images_per_step"] * s["samples"]["per_sample_ms"] / 1e3 * s["samples"]["cpu_share"]
+    return 1 / (1 - s["data_wait_fraction"]), s["loader"]["cpus_per_process"] / s["steps_per_s"] / tb_cpu
+
+
+def test_no_predicted_gain_exceeds_the_data_wait_or_the_cpus():
+    # 2 workers on 2 CPUs already, every sample all CPU: 98% data wait "allows" 50x, but the CPUs can load a
+    # batch (200 ms of CPU) at best every 100 ms, the measured step. The A/B advice said "up to 50.00x".
+    s = _summary(wait=0.98, workers=2, cpus=2, per_sample_ms=25.0, cpu_share=1.0, step_cores=0.0)
+    verdict, recs = recommend(s, plan_workers=2, has_gpu=False)
+    wait_cap, cpu_cap = _bounds(s)
+    assert cpu_cap == pytest.approx(1.0)
+    gains = [r["expected_gain"] for r in recs] + [p["expected_gain"] for p in s["predictions"]]
+    assert gains and max(gains) <= min(wait_cap, cpu_cap) + 1e-9
+
+
+def test_threads_backend_gets_no_worker_model_prediction():
+    # loader threads in the training process share its GIL and CPUs: the worker (process) model promised
+    # "up to 89.80x" on a plain threads script; no thread-count gain may be predicted, and the verdict says why
+    s = _summary(wait=0.98, workers=2, cpus=2, per_sample_ms=10.0, cpu_share=1.0, step_cores=0.0)
+    s["loader"]["backend"] = "threads"
+    verdict, recs = recommend(s, plan_workers=4, has_gpu=False)
+    assert "backend='threads'" in verdict and "GIL" in verdict
+    assert not [r for r in recs if r["stage"] == "workers"] and s["predictions"] == []
+    wait_cap, cpu_cap = _bounds(s)
+    assert all(r["expected_gain"] <= min(wait_cap, cpu_cap) + 1e-9 for r in recs)
+    assert all(r.get("bound") for r in recs if r["expected_gain"] > 1.0)  # shown as "up to", not "predicted"
+    s["loader"]["backend"] = "processes"  # the same figures with processes: the model does predict workers
+    recommend(s, plan_workers=4, has_gpu=False)
+    assert s["predictions"]
 
 
 def test_a_step_that_leaves_the_cpus_free_keeps_the_worker_gain():
@@ -345,6 +381,44 @@ def test_time_budget_ends_the_profile_and_says_how_to_measure_more(tmp_path):
     assert time.monotonic() - t0 < 100
 
 
+def test_verify_fix_says_plainly_when_the_change_was_not_applied(tmp_path):
+    # a loader iterated through watch(): the worker count cannot be set from outside. The rerun is the same
+    # code, so any ratio between the runs is the machine's load: it printed "applied {}" and "measured 1.50x,
+    # outside the noise". Now: NOT APPLIED, and no measured-vs-predicted claim.
+    out = tmp_path / "out"
+    proc = run_profile_cli(tmp_path, ["--steps", "12", "--warmup", "2", "--out", str(out), "--verify-fix"],
+                           SAMPLE_SLEEP="0.010", STEP_SLEEP="0.020", WATCH="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    v = json.loads((out / "profile.json").read_text())["verify_fix"]
+    assert v["apply"]["num_workers"] >= 1 and v["applied"] == {}
+    assert "could not be set" in v["not_applied"] and v["measured"] is None and v["outside_noise"] is None
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("verify-fix:"))
+    assert "NOT APPLIED" in line and "measured" not in line.replace("nothing is measured", "")
+    assert "outside the noise" not in proc.stdout
+    assert not (out / "verify" / "round2-baseline").exists()  # no further runs for a change it did not make
+
+
+def _run(images_per_s: float, sd_s: float = 1e-4) -> dict:
+    return {"images_per_s": images_per_s, "step_stats": {"n": 100, "mean_s": 8 / images_per_s, "sd_s": sd_s}}
+
+
+def test_verify_rounds_judge_the_run_to_run_drift_not_only_the_step_spread():
+    from fastload.profiling._profile_compare import compare_figures, compare_rounds
+
+    # the machine got less busy between A1 and B1 (1.50x), then busier again (0.95x): steady steps within each
+    # run make the within-run test call round 1 real; across rounds it is noise
+    drift = [(_run(100.0), _run(150.0)), (_run(160.0), _run(152.0))]
+    assert compare_figures(*drift[0])["outside_noise"] is True
+    judged = compare_rounds(drift)
+    assert judged["outside_noise"] is False and judged["baseline_drift"] == pytest.approx(0.6)
+    # a real 1.30x: both rounds agree and the baseline holds still
+    real = [(_run(100.0), _run(130.0)), (_run(102.0), _run(131.0))]
+    judged = compare_rounds(real)
+    assert judged["outside_noise"] is True and judged["ratio"] == pytest.approx(1.2923, rel=1e-3)
+    # one round alone can never be called outside the noise
+    assert compare_rounds(real[:1])["outside_noise"] is None
+
+
 @pytest.mark.slow
 def test_verify_fix_measures_the_predicted_gain(tmp_path):
     # 4 samples x 10 ms loaded in the training process, a 20 ms step that sleeps: workers overlap the loading
@@ -356,6 +430,8 @@ def test_verify_fix_measures_the_predicted_gain(tmp_path):
     v = summary["verify_fix"]
     assert v["apply"]["num_workers"] >= 1 and v["applied"] == v["apply"]
     assert v["predicted"] > 1.3 and v["measured"] > 1.3  # the direction, on any machine
+    assert len(v["round_ratios"]) == 2 and all(r > 1.3 for r in v["round_ratios"])  # interleaved rounds
+    assert (out / "verify" / "round2-baseline" / "profile.json").is_file()
     assert "verify-fix:" in proc.stdout and "predicted" in proc.stdout
     assert json.loads((out / "verify" / "profile.json").read_text())["loader"]["num_workers"] == v["apply"][
         "num_workers"]

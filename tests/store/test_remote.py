@@ -94,3 +94,20 @@ def test_server_listens_on_loopback_only(s3_server):
     procs += procs[0].children(recursive=True)
     listening = [c.laddr for p in procs for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
     assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
+
+
+def test_head_on_a_missing_bucket_names_the_bucket(s3_server):
+    # S3 answers HEAD with a bare 404 (no body, no NoSuchBucket): a typo in the bucket must not read as "no object"
+    with pytest.raises(RemoteStoreError) as err:
+        remote.head("s3://no-such-bucket-here/x/manifest.json")
+    assert err.value.reason == "bucket" and "no-such-bucket-here" in str(err.value)
+
+
+def test_listing_reports_a_version_that_changes_on_same_size_overwrite(s3_server, fresh_bucket):
+    url = f"s3://{fresh_bucket}/v/a.bin"
+    remote.put_bytes(url, b"one")
+    (_, size, before), = remote.list_objects(f"s3://{fresh_bucket}/v")
+    remote.put_bytes(url, b"two")
+    (_, size2, after), = remote.list_objects(f"s3://{fresh_bucket}/v")
+    assert size == size2 == 3 and before and before != after
+    assert remote.stat(url) == (3, after)
