@@ -155,8 +155,8 @@ def test_inspect_a_url_through_the_cache(store_url, local_shards, tmp_path, monk
 @pytest.mark.parametrize("backend,workers", [("processes", 0), ("threads", 2)])
 def test_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp_path, monkeypatch, caplog,
                                          backend, workers):
-    shard = max((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
-    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=shard / 0.4)  # >= 0.4 s for the first shard
+    shard = min((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=shard / 0.5)  # >= 0.5 s for any shard
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
         monkeypatch.setattr(remote, "_STORES", {})
@@ -168,7 +168,7 @@ def test_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp
             it = iter(loader)
             next(it)
         first = loader.time_to_first_batch
-        assert 0.35 < first < 60 and ds.time_to_first_batch == first
+        assert 0.3 < first < 60 and ds.time_to_first_batch == first
         assert any("first batch of epoch 0" in r.getMessage() and store_url in r.getMessage()
                    and f"{first:.2f} s" in r.getMessage() for r in caplog.records)
         for _ in it:  # the rest of the epoch does not change it
