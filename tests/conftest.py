@@ -39,6 +39,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_dali)
 
 
+@pytest.fixture(autouse=True)
+def _no_stale_store_handles():
+    """Each test starts with no read handle on a store an earlier test deleted.
+
+    Tests open stores with raw ``lmdb.open``, which the product's ``forget_stale`` does not
+    guard: a handle this process keeps on a deleted store makes py-lmdb call a new store whose
+    data.mdb got the freed inode "already open in this process".
+    """
+    from fastload.store.reader import forget_stale
+
+    forget_stale()
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_tree(tmp_path_factory) -> Path:
     """3 classes × 8 images (6 JPEG + 2 PNG each), 48..160 px. Do not modify: it is shared."""

@@ -51,8 +51,10 @@ _SPIN_RATE: list[float] = []  # iterations of the GIL-holding spin per CPU secon
 
 def _spin_rate() -> float:
     if not _SPIN_RATE:
-        n, best = 200_000, float("inf")
-        for _ in range(5):
+        # best of 9 runs of ~10 ms each: a shared core inflates a short run's CPU time (cache, SMT
+        # sibling), and an underestimated rate makes every later hold too short
+        n, best = 1_000_000, float("inf")
+        for _ in range(9):
             t0 = time.thread_time()
             sum(range(n))
             best = min(best, time.thread_time() - t0)

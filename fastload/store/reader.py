@@ -31,10 +31,39 @@ from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError,
 from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME, PLAN_NAME
 
-__all__ = ["StoreReader", "open_readonly", "release", "briefly", "read_meta", "load_store_metas"]
+__all__ = ["StoreReader", "open_readonly", "release", "briefly", "forget_stale", "read_meta", "load_store_metas"]
 
 _ENVS: dict[str, tuple[int, Any]] = {}
 _ENVS_LOCK = threading.Lock()
+_ENV_FILES: dict[str, tuple[int, int] | None] = {}  # (st_dev, st_ino) of each cached store's data.mdb
+
+
+def _data_file_id(store: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(os.path.join(store, "data.mdb"))
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _forget_stale_locked() -> None:
+    for key in [k for k, fid in _ENV_FILES.items() if fid is None or _data_file_id(k) != fid]:
+        hit = _ENVS.pop(key, None)
+        _ENV_FILES.pop(key, None)
+        if hit is not None:
+            hit[1].close()
+
+
+def forget_stale() -> None:
+    """Close the handles this process keeps on stores deleted or replaced since they were opened.
+
+    py-lmdb refuses a second open of a data file it holds open, and it knows files by device
+    and inode: a handle kept on a deleted store can make a NEW store whose data.mdb was given
+    the freed inode look "already open in this process". Called before every new open (and by
+    the writer); cheap: one stat per cached store.
+    """
+    with _ENVS_LOCK:
+        _forget_stale_locked()
 
 
 def open_readonly(path: str | os.PathLike[str], *, readahead: bool = False):
@@ -60,8 +89,10 @@ def open_readonly(path: str | os.PathLike[str], *, readahead: bool = False):
             # refuses a new open until it is closed; closing the child's copy (lock=False:
             # no lock file, no shared reader slot) leaves the parent's handle untouched.
             hit[1].close()
+        _forget_stale_locked()
         env = _lmdb_open(Path(path), readahead)
         _ENVS[key] = (os.getpid(), env)
+        _ENV_FILES[key] = _data_file_id(key)
         return env
 
 
@@ -69,6 +100,7 @@ def release(path: str | os.PathLike[str]) -> None:
     """Close this process's read handle on ``path`` (before writing to it); reopened on next use."""
     with _ENVS_LOCK:
         hit = _ENVS.pop(os.path.realpath(path), None)
+        _ENV_FILES.pop(os.path.realpath(path), None)
     if hit is not None and hit[0] == os.getpid():
         hit[1].close()
 
@@ -80,6 +112,7 @@ def briefly(path: str | os.PathLike[str]) -> Iterator[Any]:
     if hit is not None and hit[0] == os.getpid():
         yield hit[1]
         return
+    forget_stale()
     env = _lmdb_open(Path(path), False)
     try:
         yield env

@@ -29,7 +29,7 @@ import numpy as np
 
 from fastload.errors import ConvertError, StoreLockedError
 from fastload.store import format as fmt
-from fastload.store.reader import release
+from fastload.store.reader import forget_stale, release
 
 __all__ = ["StoreWriter", "ResumeState", "STORE_FILES", "LOCK_NAME"]
 
@@ -182,6 +182,7 @@ class StoreWriter:
                     "HINT: DST must be a new or empty folder; nothing was written."
                 )
         release(path)  # a read handle of this process on DST would refuse the writer
+        forget_stale()  # and so would one on a deleted store whose freed inode DST's data.mdb reuses
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

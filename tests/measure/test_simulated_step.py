@@ -71,8 +71,9 @@ def test_hold_gil_blocks_other_threads():
 def test_host_longer_than_device_makes_a_host_bound_step():
     t0 = time.thread_time()
     held, slept = SimulatedStep(step_ms=5, host_ms=20).run()
-    assert time.thread_time() - t0 >= 0.012  # host_ms is CPU time of this thread (calibrated: +-40% on a shared core)
-    assert held >= 0.016 and slept < 0.003
+    # host_ms is CPU time of this thread, calibrated once: on a shared core +-50% (13 ms seen in a CI run)
+    assert time.thread_time() - t0 >= 0.010
+    assert held >= 0.010 and slept < 0.003  # held > step_ms: nothing left to sleep, the step is host-bound
 
 
 def test_pure_sleep_without_host_time_and_validation():
