@@ -15,6 +15,8 @@ Must not: make batches, or import torch's private iterator classes (``_resume_it
 
 from __future__ import annotations
 
+import inspect
+
 import dataclasses
 import weakref
 
@@ -29,8 +31,26 @@ __all__ = ["ResumeTracker", "EpochRecord", "is_stateful"]
 
 
 def is_stateful(obj) -> bool:
-    """torchdata's ``Stateful``: an object with ``state_dict()`` and ``load_state_dict()``."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+    """torchdata's ``Stateful``: ``state_dict()`` callable with no argument, ``load_state_dict(state)``.
+
+    The signatures are checked, not only the names: other libraries' datasets have methods of
+    those names with other meanings (MosaicML Streaming's ``state_dict(num_samples,
+    from_beginning)``), and treating them as torchdata's would crash a loader that torch's own
+    iterates fine.
+    """
+    sd, lsd = getattr(obj, "state_dict", None), getattr(obj, "load_state_dict", None)
+    if not (callable(sd) and callable(lsd)):
+        return False
+    try:
+        sd_params = inspect.signature(sd).parameters.values()
+        lsd_params = list(inspect.signature(lsd).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): take the names' word
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    no_arg = all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sd_params)
+    one_arg = any(p.kind in positional or p.kind is p.VAR_POSITIONAL for p in lsd_params)
+    required = [p for p in lsd_params if p.kind in positional and p.default is p.empty]
+    return no_arg and one_arg and len(required) <= 1
 
 
 class EpochRecord:

@@ -197,3 +197,25 @@ def test_snapshot_every_n_steps_is_validated_and_kept():
     for bad in (-1, 1.5, "2", True):
         with pytest.raises(ValueError, match="snapshot_every_n_steps"):
             DataLoader(Tutorial(), snapshot_every_n_steps=bad)
+
+
+class _OtherStateDict(IterableDataset):
+    """MosaicML Streaming's shape: a ``state_dict`` that needs arguments is not torchdata's."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, n = (info.id, info.num_workers) if info else (0, 1)
+        return iter(range(wid, 12, n))
+
+    def state_dict(self, num_samples: int, from_beginning: bool) -> dict:
+        raise AssertionError("called as if it were torchdata's Stateful")
+
+    def load_state_dict(self, obj: dict) -> None:
+        raise AssertionError("called as if it were torchdata's Stateful")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_dataset_whose_state_dict_means_something_else_iterates_as_with_torch(workers):
+    ours = [b.tolist() for b in DataLoader(_OtherStateDict(), batch_size=4, num_workers=workers)]
+    theirs = [b.tolist() for b in torch.utils.data.DataLoader(_OtherStateDict(), batch_size=4, num_workers=workers)]
+    assert ours == theirs and sorted(sum(ours, [])) == list(range(12))
