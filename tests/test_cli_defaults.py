@@ -89,3 +89,24 @@ def test_the_top_level_help_imports_no_room():
             "print('HEAVY', heavy)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out, out
+
+
+def test_the_batching_defaults_are_written_once():
+    import inspect
+
+    from fastload.bench.serve import ServeBenchOptions
+    from fastload.serve import policy
+    from fastload.serve.app import ServeOptions
+    from fastload.serve.batcher import DynamicBatcher
+
+    batcher = inspect.signature(DynamicBatcher).parameters
+    served = ServeOptions(model="simulated")
+    bench = ServeBenchOptions()
+    assert (served.max_batch, served.max_wait_ms, served.max_queue) == (
+        policy.DEFAULT_MAX_BATCH, policy.DEFAULT_MAX_WAIT_MS, policy.DEFAULT_MAX_QUEUE)
+    assert (batcher["max_batch"].default, batcher["max_wait_ms"].default, batcher["max_queue"].default) == (
+        served.max_batch, served.max_wait_ms, served.max_queue)
+    assert (bench.max_batch, bench.max_queue) == (served.max_batch, served.max_queue)
+    for path in ("fastload/serve/app.py", "fastload/serve/batcher.py", "fastload/bench/serve.py", "fastload/cli/serve.py"):
+        text = open(path).read()
+        assert "max_batch: int = 32" not in text and "max_queue: int = 256" not in text, path

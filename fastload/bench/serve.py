@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from fastload.stats import percentiles
+from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
 
 __all__ = ["ServeBenchOptions", "bench_serve", "run_load", "format_table", "PillowEval", "CONFIGS"]
 
@@ -59,7 +60,7 @@ class ServeBenchOptions:
 
     model: str = "simulated"
     batch_ms: str | None = "4+0.25*n"
-    max_batch: int = 32
+    max_batch: int = DEFAULT_MAX_BATCH
     loads: tuple[float, ...] = (0.25, 0.5, 1.0, 1.5)  # fractions of the estimated capacity
     rates: tuple[float, ...] | None = None  # requests/s; overrides loads
     configs: tuple[str, ...] = tuple(CONFIGS)
@@ -68,7 +69,7 @@ class ServeBenchOptions:
     max_requests: int = 5000
     image_size: int = 224
     workers: int | None = None
-    max_queue: int = 256
+    max_queue: int = DEFAULT_MAX_QUEUE
     device: str = "cpu"
     seed: int = 0
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import ServeError
+from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES
 from fastload.serve.routes import FrontOptions
 
@@ -51,9 +52,9 @@ class ServeOptions:
     classes: tuple[str, ...] | None = None
     host: str = "127.0.0.1"
     port: int = 8000
-    max_batch: int = 32
-    max_wait_ms: float = 8.0
-    max_queue: int = 256
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_wait_ms: float = DEFAULT_MAX_WAIT_MS
+    max_queue: int = DEFAULT_MAX_QUEUE
     devices: tuple[str, ...] = ("auto",)
     replicas: int = 1
     cpu_fallback: bool = True

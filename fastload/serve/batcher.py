@@ -37,7 +37,7 @@ from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
 from fastload.serve._futures import await_future
 from fastload.serve.metrics import StageHistograms, trace_events
-from fastload.serve.policy import BatchPolicy, RequestTiming
+from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, BatchPolicy, RequestTiming
 from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES, check_request_pixels, decode_request, pick_device
 from fastload.stats import percentiles
 
@@ -103,8 +103,8 @@ class DynamicBatcher:
     """
 
     def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], *,
-                 preprocess: Callable[[bytes], torch.Tensor] | None = None, max_batch: int = 32,
-                 max_wait_ms: float = 8.0, max_queue: int = 256, device: str = "auto", workers: int = 2,
+                 preprocess: Callable[[bytes], torch.Tensor] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
+                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_queue: int = DEFAULT_MAX_QUEUE, device: str = "auto", workers: int = 2,
                  gpu_decode_min_batch: int | None = None, dtype: str = "fp32",
                  max_pixels: int = SERVE_MAX_PIXELS, mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD, history: int = 10_000, name: str | None = None,

@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+#: The batching defaults, written once: ``ServeOptions``, ``DynamicBatcher``, ``fastload serve``
+#: and ``fastload bench serve`` all take them from here.
+DEFAULT_MAX_BATCH = 32
+DEFAULT_MAX_WAIT_MS = 8.0
+DEFAULT_MAX_QUEUE = 256
+
 __all__ = ["BatchPolicy", "RequestTiming"]
 
 
