@@ -108,5 +108,5 @@ def test_the_batching_defaults_are_written_once():
         served.max_batch, served.max_wait_ms, served.max_queue)
     assert (bench.max_batch, bench.max_queue) == (served.max_batch, served.max_queue)
     for path in ("fastload/serve/app.py", "fastload/serve/batcher.py", "fastload/bench/serve.py", "fastload/cli/serve.py"):
-        text = open(path).read()
+        text = (Path(__file__).resolve().parents[1] / path).read_text()
         assert "max_batch: int = 32" not in text and "max_queue: int = 256" not in text, path
