@@ -377,14 +377,18 @@ def test_idle_keep_alive_connections_at_the_cap_yield_to_a_new_client(front):
             t0 = time.monotonic()
             status = _good(f)
             took = time.monotonic() - t0
+            # the newest first: the process front's idle timeout is 1 s, after which every idle
+            # connection closes anyway (a loaded machine once took that long before this check)
+            newest_open = closed_within(idle[-1], 0.1) is None
+            idle_for = time.monotonic() - t0 + 0.2
             oldest_closed = closed_within(idle[0], 2.0)
-            newest_open = closed_within(idle[-1], 0.2) is None
         finally:
             for s in idle:
                 s.close()
     # prompt, not after the 15 s idle timeout that starved new clients before (5 s: a loaded machine)
     assert status == 200 and took < 5.0, (status, took)
-    assert oldest_closed is not None and newest_open
+    assert oldest_closed is not None
+    assert newest_open or idle_for > 0.9, idle_for  # evicted, not timed out: only the oldest goes
 
 
 def _flood(port: int, field: bytes, total: int, answers: list) -> None:
