@@ -57,6 +57,16 @@ class RemotePath:
     ratio_to_local: list[float] = field(default_factory=list)
 
 
+
+def _drain(loader, t0: float) -> tuple[int, float | None, float]:
+    """Read every batch: (images, seconds to the first batch, seconds in all), both from ``t0``."""
+    n, first = 0, None
+    for x, _y in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        n += len(x)
+    return n, first, time.perf_counter() - t0
+
 def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -> tuple[float, float, int, int]:
     import torch
 
@@ -71,12 +81,7 @@ def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -
     ds = fastload.LMDBImageDataset(path, transform=fastload.eval_transform(size=o.image_size), **kw)
     loader = fastload.DataLoader(ds, batch_size=o.batch_size, num_workers=o.workers, backend=o.backend,
                                  sampler=ShardSampler(ds, seed=0), generator=torch.Generator().manual_seed(0))
-    n, first = 0, None
-    for x, _y in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        n += len(x)
-    total = time.perf_counter() - t0
+    n, first, total = _drain(loader, t0)
     got = sum(d["bytes"] for d in node_downloads(cache_dir)[before:]) if cache_dir is not None else 0
     return n / total, first or 0.0, got, n
 
@@ -123,15 +128,9 @@ def _mosaic_epoch(url: str, o: RemoteBenchOptions, local: Path) -> tuple[float, 
     cold = not local.exists()
     t0 = time.perf_counter()
     ds = _mosaic_dataset(o)(remote=url, local=str(local), shuffle=True, shuffle_seed=0, batch_size=o.batch_size)
-    # torch's DataLoader, as its docs do: fastload.DataLoader would take its state_dict(num_samples,
-    # from_beginning) for torchdata's Stateful one and fail in the workers
+    # torch's DataLoader, as MosaicML Streaming's docs use it
     loader = torch.utils.data.DataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
-    n, first = 0, None
-    for x, _y in loader:
-        if first is None:
-            first = time.perf_counter() - t0
-        n += len(x)
-    total = time.perf_counter() - t0
+    n, first, total = _drain(loader, t0)
     del loader, ds
     got = sum(f.stat().st_size for f in local.rglob("*.mds")) if cold else 0
     return n / total, first or 0.0, got, n

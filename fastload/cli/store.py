@@ -124,18 +124,23 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
                           max_file_bytes=max_file_bytes, follow_symlinks=follow_symlinks,
                           num_classes=num_classes, progress=not quiet)
     report = run(src, dst, opts)
+    _print_report(report, report.dst / "report.json")
+    if max_side is None and report.stored and not report.already_complete and num_shards == 1:
+        advice = _advice(report.dst, train_size)
+        if isinstance(advice, str) or advice.speedup is not None:  # measured only for images far larger
+            click.echo(advice if isinstance(advice, str) else advice.message(str(src)))
+
+
+def _print_report(report, full_list_at) -> None:
+    """A conversion's warnings, summary, first 20 skipped files and re-encode reasons (local or sharded)."""
     for w in report.warnings:
         click.echo(f"warning: {printable(w)}", err=True)
     click.echo(report.summary_line())
     for s in report.skipped[:20]:
         click.echo(f"  skipped {printable(s['relpath'])}: {printable(s['reason'])}")
     if len(report.skipped) > 20:
-        click.echo(f"  ... and {len(report.skipped) - 20} more, see {report.dst / 'report.json'}")
+        click.echo(f"  ... and {len(report.skipped) - 20} more, see {full_list_at}")
     _print_reasons(report.canonicalised, report.reencoded_reasons, report.lossy, indent="  ")
-    if max_side is None and report.stored and not report.already_complete and num_shards == 1:
-        advice = _advice(report.dst, train_size)
-        if isinstance(advice, str) or advice.speedup is not None:  # measured only for images far larger
-            click.echo(advice if isinstance(advice, str) else advice.message(str(src)))
 
 
 def _container(src: str) -> bool:
@@ -161,14 +166,7 @@ def _convert_sharded(src: str, dst: str, engine: str, address, shared_fs: bool, 
     eng = EngineOptions(engine=engine, address=address, shared_fs=shared_fs, num_shards=num_shards,
                         **({"shard_bytes": size} if size is not None else {}))
     report = convert_sharded(src, dst, ConvertOptions(**kw), eng)
-    for w in report.warnings:
-        click.echo(f"warning: {printable(w)}", err=True)
-    click.echo(report.summary_line())
-    for s in report.skipped[:20]:
-        click.echo(f"  skipped {printable(s['relpath'])}: {printable(s['reason'])}")
-    if len(report.skipped) > 20:
-        click.echo(f"  ... and {len(report.skipped) - 20} more, see {dst}/manifest.json (counts.skipped)")
-    _print_reasons(report.canonicalised, report.reencoded_reasons, report.lossy, indent="  ")
+    _print_report(report, f"{dst}/manifest.json (counts.skipped)")
 
 
 def _advice(store: Path, train_size: int):
