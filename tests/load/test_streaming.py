@@ -74,12 +74,7 @@ def test_replaced_shard_never_gives_wrong_pixels(store_url, local_shards, tmp_pa
 
 @pytest.fixture
 def short_retries(monkeypatch):
-    from datetime import timedelta
-
-    monkeypatch.setattr(remote, "RETRY", {"max_retries": 3, "backoff": {
-        "init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=1), "base": 2.0},
-        "retry_timeout": timedelta(seconds=3)})
-    monkeypatch.setattr(remote, "_STORES", {})
+    monkeypatch.setenv(remote.RETRY_ENV, "3")
 
 
 def test_endpoint_gone_then_back(store_url, s3_server, tmp_path, monkeypatch, short_retries):

@@ -1,0 +1,112 @@
+"""The endpoint going away (issue #25): retries with backoff within the retry budget, then a clear error
+naming the URL. A SeaweedFS server of each test's own (``s3.start_server``), stopped and restarted on
+the same ports and data; the session's shared server is not touched."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import fastload
+from fastload.errors import RemoteStoreError
+from fastload.store import remote
+from fastload.store.cache import node_downloads
+from remote_helpers import publish, sharded_store
+from s3 import start_server
+
+pytestmark = pytest.mark.slow
+
+SHARDS = 6
+
+
+@pytest.fixture
+def own_server(tmp_path, monkeypatch):
+    server = start_server(tmp_path / "weed")
+    try:
+        for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", remote.RETRY_ENV):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in server.env.items():
+            monkeypatch.setenv(name, value)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def published(own_server, tiny_tree, tmp_path):
+    local = sharded_store(tiny_tree, tmp_path / "store", SHARDS)
+    own_server.make_bucket("outage")
+    url = own_server.url("outage", "store/")
+    publish(local, url)
+    return local, url
+
+
+def _loader(path, **kw):
+    ds = fastload.LMDBImageDataset(path, transform=fastload.eval_transform(size=32), **kw)
+    # window=1: one shard read at a time and one prefetched, so most downloads come after the stop
+    return ds, fastload.DataLoader(ds, batch_size=4, sampler=fastload.ShardSampler(ds, seed=0, window=1),
+                                   num_workers=0)
+
+
+def test_endpoint_down_10s_mid_epoch_is_ridden_out_with_the_default_budget(own_server, published, tmp_path):
+    local, url = published
+    expected = list(_loader(local)[1])
+    _ds, loader = _loader(url, cache_dir=tmp_path / "cache")
+    times: dict[str, float] = {}
+
+    def outage() -> None:
+        time.sleep(10)
+        own_server.start()  # the same ports and data
+        own_server.wait_ready()
+        times["back"] = time.time()
+
+    got, thread = [], threading.Thread(target=outage)
+    try:
+        for x, y in loader:
+            got.append((x, y))
+            if len(got) == 1:  # mid-epoch: the first shard read, the rest not yet downloaded
+                own_server.stop()
+                times["stopped"] = time.time()
+                thread.start()
+    finally:
+        if thread.ident is not None:
+            thread.join()
+    away = times["back"] - times["stopped"]
+    assert away >= 10 and away < remote.RETRY_BUDGET_S, f"the server was away {away:.1f} s"
+    # the epoch is whole and exact: the same batches as from the local shards, in the same order
+    assert len(got) == len(expected)
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert torch.equal(y, ey) and torch.equal(x, ex)
+    log = node_downloads(tmp_path / "cache")
+    assert sorted(d["shard"] for d in log) == sorted({d["shard"] for d in log}) and len(log) == SHARDS
+    assert any(d["time"] > times["back"] for d in log), "no download waited for the server: the test saw no outage"
+    assert not any((tmp_path / "cache" / _ds._reader.cache.key / ".partial").iterdir())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_endpoint_gone_past_the_budget_is_a_named_error(own_server, published, tmp_path, monkeypatch, workers):
+    _local, url = published
+    budget = 5
+    monkeypatch.setenv(remote.RETRY_ENV, str(budget))
+    ds = fastload.LMDBImageDataset(url, cache_dir=tmp_path / "cache")  # the manifest is read while it is up
+    own_server.stop()
+    t0 = time.monotonic()
+    with pytest.raises(RemoteStoreError) as err:
+        if workers:  # forked workers download in child processes: the budget reaches them through the env
+            next(iter(fastload.DataLoader(ds, batch_size=4, num_workers=workers, collate_fn=list)))
+        else:
+            ds.get_bytes(0)
+    took = time.monotonic() - t0
+    text = str(err.value)
+    assert "/data.mdb" in text and url in text, text
+    assert f"cannot reach the endpoint ({own_server.endpoint}), retried for {budget} s" in text, text
+    assert "HINT: check AWS_ENDPOINT_URL" in text and remote.RETRY_ENV in text, text
+    # retried for the budget (not given up at once), then stopped: the last backoff (<= 2 s) is the slack,
+    # and a worker's download process its interpreter start
+    assert budget <= took < budget + (3 if not workers else 8), took
+    root = tmp_path / "cache" / ds._reader.cache.key
+    assert not any((root / ".partial").iterdir())
+    assert not [s.name for s in ds._reader.specs if (root / s.name).exists()]  # nothing partial, nothing half-published
