@@ -2,9 +2,10 @@
 127.0.0.1 only), a generated tree converted into K shards and published with its manifest, then
 `fastload bench loader --remote` (fastload.bench.remote) against the same shards on local disk.
 
-Usage: python tools/bench_remote_loopback.py PER_CLASS SHARDS OUT.json ROUNDS [--mosaic]
+Usage: python tools/bench_remote_loopback.py PER_CLASS SHARDS OUT.json ROUNDS [--mosaic] [--litdata]
 (10 classes of PER_CLASS images, 200-400 px JPEGs; the server is stopped at the end). --mosaic: also
-the same images as MosaicML Streaming MDS (its writer, ~4 MB shards) on the same server."""
+the same images as MosaicML Streaming MDS (its writer, ~4 MB shards) on the same server. --litdata:
+also the same images as LitData chunks (its optimize(), ~4 MB chunks) on the same server."""
 import json
 import os
 import sys
@@ -37,8 +38,14 @@ def main():
             os.environ["S3_ENDPOINT_URL"] = srv.endpoint  # streaming's boto3 client
             mosaic = "s3://bench/mds/"
             write_mds(store, mosaic)
+        litdata = None
+        if "--litdata" in sys.argv:  # LitData's boto3 client reads AWS_ENDPOINT_URL (set above)
+            from fastload.bench.remote import write_litdata
+
+            litdata = "s3://bench/litdata/"
+            write_litdata(store, litdata)
         r = bench_remote(store, url, RemoteBenchOptions(workers=2, batch_size=64, image_size=128, rounds=int(sys.argv[4])),
-                         mosaic_url=mosaic)
+                         mosaic_url=mosaic, litdata_url=litdata)
         print(r.table())
         Path(sys.argv[3]).write_text(json.dumps(r.to_json(), indent=1))
     finally:

@@ -15,6 +15,15 @@ torch's ``DataLoader`` with the same workers, batch size and eval transform (dec
 as its users do). Its "downloaded" column is the bytes of its local cache after the epoch (cold)
 or 0 (warm: nothing was missing).
 
+With ``litdata_url`` (the same images written by LitData's ``optimize()`` in its own chunk format
+to the same server, items ``{"image": bytes, "label": int}``; ``write_litdata`` writes it), two
+more: ``litdata-cold`` and ``litdata-warm``, ``litdata.StreamingDataset`` (``shuffle=True``,
+``seed=0``) through its ``StreamingDataLoader``, with the same workers, batch size, PIL decode and
+eval transform as the MosaicML path; "downloaded" is likewise the bytes of its local chunk cache
+after a cold epoch. Each LitData epoch runs in a fresh (spawned) process, timed from inside it: its
+workers download chunks with obstore, whose runtime does not survive ``fork()`` once this process
+has used it (the fastload paths have), and LitData only knows about its own use of it.
+
 Must not: assert on timings, or start a server (point ``AWS_ENDPOINT_URL`` at one).
 """
 
@@ -24,13 +33,15 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["RemoteBenchOptions", "RemotePath", "RemoteBench", "bench_remote"]
+__all__ = ["RemoteBenchOptions", "RemotePath", "RemoteBench", "bench_remote", "write_mds", "write_litdata"]
 
 PATHS = ("local", "remote-cold", "remote-warm")
 MOSAIC_PATHS = ("mosaic-cold", "mosaic-warm")
+LITDATA_PATHS = ("litdata-cold", "litdata-warm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,19 +66,28 @@ class RemotePath:
     first_batch_s: list[float] = field(default_factory=list)
     downloaded: list[int] = field(default_factory=list)
     ratio_to_local: list[float] = field(default_factory=list)
+    images: list[int] = field(default_factory=list)
+    batch: set[str] = field(default_factory=set)
 
 
+#: One timed epoch: images/s, seconds to the first batch, bytes downloaded, images, the batch contract.
+Epoch = tuple[float, float, int, int, str]
 
-def _drain(loader, t0: float) -> tuple[int, float | None, float]:
-    """Read every batch: (images, seconds to the first batch, seconds in all), both from ``t0``."""
-    n, first = 0, None
-    for x, _y in loader:
+
+def _drain(loader, t0: float, downloaded: Callable[[], int]) -> Epoch:
+    """Read every batch, timed from ``t0``; ``downloaded()`` is asked after the last one. The batch
+    contract is the first batch's ``"images dtype [C, H, W], labels dtype"``, compared across paths."""
+    n, first, contract = 0, None, ""
+    for x, y in loader:
         if first is None:
             first = time.perf_counter() - t0
+            contract = f"{x.dtype} {list(x.shape[1:])}, {y.dtype}"
         n += len(x)
-    return n, first, time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    return n / total, first or 0.0, downloaded(), n, contract
 
-def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -> tuple[float, float, int, int]:
+
+def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -> Epoch:
     import torch
 
     import fastload
@@ -81,9 +101,8 @@ def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -
     ds = fastload.LMDBImageDataset(path, transform=fastload.eval_transform(size=o.image_size), **kw)
     loader = fastload.DataLoader(ds, batch_size=o.batch_size, num_workers=o.workers, backend=o.backend,
                                  sampler=ShardSampler(ds, seed=0), generator=torch.Generator().manual_seed(0))
-    n, first, total = _drain(loader, t0)
-    got = sum(d["bytes"] for d in node_downloads(cache_dir)[before:]) if cache_dir is not None else 0
-    return n / total, first or 0.0, got, n
+    return _drain(loader, t0, lambda: sum(d["bytes"] for d in node_downloads(cache_dir)[before:])
+                  if cache_dir is not None else 0)
 
 
 def write_mds(store: str | Path, out: str, *, size_limit: int | str = 1 << 22) -> int:
@@ -101,17 +120,53 @@ def write_mds(store: str | Path, out: str, *, size_limit: int | str = 1 << 22) -
     return len(ds)
 
 
-def _mosaic_dataset(o: RemoteBenchOptions):
+def _litdata_item(item: tuple[bytes, int]) -> dict:
+    """What ``optimize()`` stores per sample (module level: its workers are spawned)."""
+    return {"image": item[0], "label": item[1]}
+
+
+def write_litdata(store: str | Path, out: str, *, chunk_bytes: int | str = 1 << 22) -> int:
+    """Write every sample of the local ``store`` (its stored bytes and label) with LitData's ``optimize()``
+    (its own chunk format, one worker, the store's order) to ``out`` (a local folder or ``s3://`` URL:
+    LitData's boto3 client takes the endpoint from ``AWS_ENDPOINT_URL``). Its staging folder is a
+    temporary one, removed after. Returns the samples written."""
+    import os
+
+    from litdata import optimize
+
+    import fastload
+
+    ds = fastload.LMDBImageDataset(store)
+    items = [(ds.get_bytes(i), int(ds.targets[i])) for i in range(len(ds))]
+    staging = tempfile.mkdtemp(prefix="fastload-litdata-")
+    saved = {k: os.environ.get(k) for k in ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")}
+    os.environ.update(DATA_OPTIMIZER_CACHE_FOLDER=f"{staging}/chunks", DATA_OPTIMIZER_DATA_CACHE_FOLDER=f"{staging}/data")
+    try:
+        optimize(fn=_litdata_item, inputs=items, output_dir=out, chunk_bytes=chunk_bytes, num_workers=1,
+                 reorder_files=False, verbose=False)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(staging, ignore_errors=True)
+    return len(items)
+
+
+def _decoding(base: type, o: RemoteBenchOptions) -> type:
+    """``base`` (a peer's streaming dataset) whose samples ``{"image": bytes, "label": int}`` come out as
+    fastload's eval transform of the image decoded with PIL, and the label: the same output as the
+    fastload paths, decoded as those peers' users do."""
     import io
 
     from PIL import Image
-    from streaming import StreamingDataset
 
     import fastload
 
     transform = fastload.eval_transform(size=o.image_size)
 
-    class _Images(StreamingDataset):
+    class _Images(base):
         def __getitem__(self, index):
             s = super().__getitem__(index)
             with Image.open(io.BytesIO(s["image"])) as im:
@@ -120,7 +175,13 @@ def _mosaic_dataset(o: RemoteBenchOptions):
     return _Images
 
 
-def _mosaic_epoch(url: str, o: RemoteBenchOptions, local: Path) -> tuple[float, float, int, int]:
+def _mosaic_dataset(o: RemoteBenchOptions):
+    from streaming import StreamingDataset
+
+    return _decoding(StreamingDataset, o)
+
+
+def _mosaic_epoch(url: str, o: RemoteBenchOptions, local: Path) -> Epoch:
     import torch
     from streaming.base.util import clean_stale_shared_memory
 
@@ -130,10 +191,33 @@ def _mosaic_epoch(url: str, o: RemoteBenchOptions, local: Path) -> tuple[float, 
     ds = _mosaic_dataset(o)(remote=url, local=str(local), shuffle=True, shuffle_seed=0, batch_size=o.batch_size)
     # torch's DataLoader, as MosaicML Streaming's docs use it
     loader = torch.utils.data.DataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
-    n, first, total = _drain(loader, t0)
+    r = _drain(loader, t0, lambda: sum(f.stat().st_size for f in local.rglob("*.mds")) if cold else 0)
     del loader, ds
-    got = sum(f.stat().st_size for f in local.rglob("*.mds")) if cold else 0
-    return n / total, first or 0.0, got, n
+    return r
+
+
+def _litdata_epoch(url: str, o: RemoteBenchOptions, local: Path) -> Epoch:
+    """One LitData epoch in a fresh spawned process (the module docstring says why)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_litdata_epoch_here, url, o, str(local)).result()
+
+
+def _litdata_epoch_here(url: str, o: RemoteBenchOptions, local: str) -> Epoch:
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    cache = Path(local)
+    cold = not cache.exists()
+    cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ds = _decoding(StreamingDataset, o)(input_dir=url, cache_dir=str(cache), shuffle=True, seed=0)
+    # LitData's own loader, as its docs use it
+    loader = StreamingDataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
+    r = _drain(loader, t0, lambda: sum(f.stat().st_size for f in cache.rglob("*.bin")) if cold else 0)
+    del loader, ds
+    return r
 
 
 class RemoteBench:
@@ -150,17 +234,20 @@ class RemoteBench:
 
 
 def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None = None, *,
-                 mosaic_url: str | None = None) -> RemoteBench:
+                 mosaic_url: str | None = None, litdata_url: str | None = None) -> RemoteBench:
     """Time ``local`` (a folder of shards) against ``url`` (the same store in a bucket), and against
-    ``mosaic_url`` (the same images as MosaicML MDS) when given; see the module docstring."""
+    ``mosaic_url`` (the same images as MosaicML MDS) and ``litdata_url`` (as LitData chunks) when given;
+    see the module docstring."""
     o = options or RemoteBenchOptions()
     work = Path(tempfile.mkdtemp(prefix="fastload-bench-remote-"))
     warm = work / "warm"
-    paths = PATHS + (MOSAIC_PATHS if mosaic_url else ())
+    paths = PATHS + (MOSAIC_PATHS if mosaic_url else ()) + (LITDATA_PATHS if litdata_url else ())
     try:
         _epoch((url,), o, warm)  # fills the warm cache (not timed)
         if mosaic_url:
             _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
+        if litdata_url:
+            _litdata_epoch(litdata_url, o, work / "litdata-warm")
         results = {p: RemotePath(p) for p in paths}
         for k in range(o.rounds):
             order = paths[k % len(paths):] + paths[: k % len(paths)]
@@ -171,6 +258,11 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
                     shutil.rmtree(work / f"mosaic-cold{k}", ignore_errors=True)
                 elif p == "mosaic-warm":
                     r = _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
+                elif p == "litdata-cold":
+                    r = _litdata_epoch(litdata_url, o, work / f"litdata-cold{k}")
+                    shutil.rmtree(work / f"litdata-cold{k}", ignore_errors=True)
+                elif p == "litdata-warm":
+                    r = _litdata_epoch(litdata_url, o, work / "litdata-warm")
                 elif p == "local":
                     r = _epoch((str(local),), o, None)
                 elif p == "remote-cold":
@@ -183,13 +275,16 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
                 results[p].images_per_s.append(r[0])
                 results[p].first_batch_s.append(r[1])
                 results[p].downloaded.append(r[2])
+                results[p].images.append(r[3])
+                results[p].batch.add(r[4])
             for p in paths:
                 results[p].ratio_to_local.append(this[p][0] / this["local"][0])
         return RemoteBench({"options": asdict(o), "url": url, "local": str(local),
                 "paths": {p: {"images_per_s_median": statistics.median(r.images_per_s),
                               "ratio_to_local": r.ratio_to_local,
                               "first_batch_s_median": statistics.median(r.first_batch_s),
-                              "bytes_downloaded_per_epoch": r.downloaded, "images_per_s": r.images_per_s}
+                              "bytes_downloaded_per_epoch": r.downloaded, "images_per_s": r.images_per_s,
+                              "images_per_epoch": r.images, "batch": sorted(r.batch)}
                           for p, r in results.items()}})
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -197,9 +292,16 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
 
 def table(result: dict) -> str:
     rows = [f"{'path':14s} {'images/s':>9s} {'vs local (per round)':>28s} {'first batch':>12s} "
-            f"{'downloaded/epoch':>17s}"]
+            f"{'downloaded/epoch':>17s} {'images/epoch':>12s}"]
+    batches = set()
     for p, r in result["paths"].items():
         ratios = " ".join(f"{x:.2f}" for x in r["ratio_to_local"])
+        images = sorted(set(r.get("images_per_epoch", [])))
+        batches.update(r.get("batch", []))
         rows.append(f"{p:14s} {r['images_per_s_median']:>9.0f} {ratios:>28s} {r['first_batch_s_median']:>11.2f}s "
-                    f"{statistics.median(r['bytes_downloaded_per_epoch']) / 1e6:>14.1f} MB")
+                    f"{statistics.median(r['bytes_downloaded_per_epoch']) / 1e6:>14.1f} MB "
+                    f"{'/'.join(map(str, images)):>12s}")
+    if batches:
+        rows.append(f"batch (images, labels): {' | '.join(sorted(batches))}"
+                    + ("" if len(batches) == 1 else "  <- NOT the same on every path"))
     return "\n".join(rows)

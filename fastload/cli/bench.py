@@ -89,10 +89,13 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @click.option("--mosaic", default=None, metavar="URL",
               help="With --remote: also MosaicML Streaming reading the same images as MDS at URL (cold and warm; "
               "fastload.bench.remote.write_mds writes them; needs `pip install mosaicml-streaming`).")
+@click.option("--litdata", default=None, metavar="URL",
+              help="With --remote: also LitData reading the same images as its optimize() chunks at URL (cold and "
+              "warm; fastload.bench.remote.write_litdata writes them; needs `pip install litdata`).")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     step_ms, host_ms, remote, mosaic, json_out) -> None:
+                     step_ms, host_ms, remote, mosaic, litdata, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -100,8 +103,9 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     before the next is timed; ratios against torchvision, also per round. A path that
     cannot run on DATA is reported skipped with the reason.
     """
-    if mosaic is not None and remote is None:
-        raise click.UsageError("--mosaic URL is compared with --remote URL: give both (and --store).")
+    for flag, given in (("--mosaic", mosaic), ("--litdata", litdata)):
+        if given is not None and remote is None:
+            raise click.UsageError(f"{flag} URL is compared with --remote URL: give both (and --store).")
     if remote is not None:
         from fastload.bench.remote import RemoteBenchOptions, bench_remote
 
@@ -109,7 +113,7 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
             raise click.UsageError("--remote URL needs --store: the same sharded store on local disk.")
         emit(bench_remote(store, remote, RemoteBenchOptions(workers=workers, batch_size=batch_size,
                                                             image_size=image_size, rounds=rounds),
-                          mosaic_url=mosaic), json_out)
+                          mosaic_url=mosaic, litdata_url=litdata), json_out)
         return
     from fastload.bench.loader import LoaderBenchOptions, bench_loader
 

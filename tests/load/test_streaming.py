@@ -125,6 +125,8 @@ def test_bench_loader_remote_needs_the_local_store():
     assert out.exit_code == 2 and "--remote URL needs --store" in out.output
     out = CliRunner().invoke(main, ["bench", "loader", "--mosaic", "s3://b/mds/"])
     assert out.exit_code == 2 and "--mosaic URL is compared with --remote URL" in out.output
+    out = CliRunner().invoke(main, ["bench", "loader", "--litdata", "s3://b/litdata/"])
+    assert out.exit_code == 2 and "--litdata URL is compared with --remote URL" in out.output
 
 
 def test_inspect_a_url_through_the_cache(store_url, local_shards, tmp_path, monkeypatch):

@@ -80,6 +80,19 @@ def test_unreachable_endpoint_is_named(monkeypatch, refused_endpoint):
     assert "s3://bucket/key" in str(err.value)
 
 
+def test_retry_budget_default_and_from_the_environment(monkeypatch):
+    monkeypatch.delenv(remote.RETRY_ENV, raising=False)
+    assert remote.retry_budget() == remote.RETRY_BUDGET_S == 30
+    config = remote.retry_config(30)
+    assert config["retry_timeout"].total_seconds() == 30 and config["max_retries"] * 0.1 >= 30  # time binds, not the count
+    monkeypatch.setenv(remote.RETRY_ENV, "7.5")
+    assert remote.retry_budget() == 7.5
+    for bad in ("soon", "-1", "inf", "nan"):
+        monkeypatch.setenv(remote.RETRY_ENV, bad)
+        with pytest.raises(ValueError, match=rf"{remote.RETRY_ENV}.*seconds >= 0"):
+            remote.retry_budget()
+
+
 def test_error_survives_pickling():
     import pickle
 

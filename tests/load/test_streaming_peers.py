@@ -1,0 +1,28 @@
+"""The remote benchmark's peers on the loopback server: LitData reading the same images, written by its own
+``optimize()``, with the same count and batch contract as the fastload paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastload.bench.remote import RemoteBenchOptions, bench_remote, write_litdata
+from remote_helpers import publish, sharded_store
+
+pytest.importorskip("litdata", reason="LitData is the bench extra's (pip install 'fastload[bench]')")
+
+
+@pytest.mark.slow
+def test_litdata_path_reads_the_same_images_with_the_same_batches(s3_server, fresh_bucket, tiny_tree, tmp_path):
+    local = sharded_store(tiny_tree, tmp_path / "store", 3)
+    url = s3_server.url(fresh_bucket, "store/")
+    n = publish(local, url).num_samples
+    lit = s3_server.url(fresh_bucket, "litdata/")
+    assert write_litdata(local, lit, chunk_bytes=1 << 16) == n  # several chunks
+    out = bench_remote(local, url, RemoteBenchOptions(workers=2, batch_size=4, image_size=32, rounds=1),
+                       litdata_url=lit).to_json()["paths"]
+    assert set(out) == {"local", "remote-cold", "remote-warm", "litdata-cold", "litdata-warm"}
+    for name, path in out.items():
+        assert path["images_per_epoch"] == [n], name
+    assert {b for p in out.values() for b in p["batch"]} == {"torch.uint8 [3, 32, 32], torch.int64"}
+    assert out["litdata-cold"]["bytes_downloaded_per_epoch"][0] > 0
+    assert out["litdata-warm"]["bytes_downloaded_per_epoch"] == [0]
