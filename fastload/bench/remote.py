@@ -139,8 +139,10 @@ def write_litdata(store: str | Path, out: str, *, chunk_bytes: int | str = 1 << 
     ds = fastload.LMDBImageDataset(store)
     items = [(ds.get_bytes(i), int(ds.targets[i])) for i in range(len(ds))]
     staging = tempfile.mkdtemp(prefix="fastload-litdata-")
-    saved = {k: os.environ.get(k) for k in ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER")}
-    os.environ.update(DATA_OPTIMIZER_CACHE_FOLDER=f"{staging}/chunks", DATA_OPTIMIZER_DATA_CACHE_FOLDER=f"{staging}/data")
+    saved = {k: os.environ.get(k) for k in ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER",
+                                            "AWS_ALLOW_HTTP")}
+    os.environ.update(DATA_OPTIMIZER_CACHE_FOLDER=f"{staging}/chunks", DATA_OPTIMIZER_DATA_CACHE_FOLDER=f"{staging}/data",
+                      **_litdata_http())
     try:
         optimize(fn=_litdata_item, inputs=items, output_dir=out, chunk_bytes=chunk_bytes, num_workers=1,
                  reorder_files=False, verbose=False)
@@ -154,23 +156,62 @@ def write_litdata(store: str | Path, out: str, *, chunk_bytes: int | str = 1 << 
     return len(items)
 
 
+def _litdata_http() -> dict[str, str]:
+    """LitData uploads and downloads part of its objects with obstore, whose client refuses a plain-http
+    endpoint (``builder error``) unless allowed, and LitData 0.2.76 passes its own client options
+    (``litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS``, no ``allow_http``), which the environment
+    does not override. The user named a plain-http endpoint (as fastload's own client allows it): allow
+    it there too, in this process; LitData's workers are spawned, so ``_PeerDecode`` (the dataset's
+    transform, unpickled in each worker) calls this again there."""
+    import os
+
+    if not os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        return {}
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": True}
+    return {"AWS_ALLOW_HTTP": "true"}
+
+
+class _PeerDecode:
+    """A peer's sample ``{"image": bytes, "label": int}`` -> fastload's eval transform of the image decoded
+    with PIL, and the label: the same output as the fastload paths, decoded as those peers' users do.
+    Picklable (LitData pickles its dataset's transform into its workers)."""
+
+    def __init__(self, image_size: int) -> None:
+        self.image_size = image_size
+        self._transform = None
+
+    def __getstate__(self) -> dict:
+        return {"image_size": self.image_size, "_transform": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        import sys
+
+        if "litdata" in sys.modules:  # in a LitData worker (spawned: the parent's patch is not here)
+            _litdata_http()
+
+    def __call__(self, s: dict):
+        import io
+
+        from PIL import Image
+
+        if self._transform is None:
+            import fastload
+
+            self._transform = fastload.eval_transform(size=self.image_size)
+        with Image.open(io.BytesIO(s["image"])) as im:
+            return self._transform(im.convert("RGB")), s["label"]
+
+
 def _decoding(base: type, o: RemoteBenchOptions) -> type:
-    """``base`` (a peer's streaming dataset) whose samples ``{"image": bytes, "label": int}`` come out as
-    fastload's eval transform of the image decoded with PIL, and the label: the same output as the
-    fastload paths, decoded as those peers' users do."""
-    import io
-
-    from PIL import Image
-
-    import fastload
-
-    transform = fastload.eval_transform(size=o.image_size)
+    """``base`` (MosaicML's ``StreamingDataset``) whose samples come out through ``_PeerDecode``."""
+    decode = _PeerDecode(o.image_size)
 
     class _Images(base):
         def __getitem__(self, index):
-            s = super().__getitem__(index)
-            with Image.open(io.BytesIO(s["image"])) as im:
-                return transform(im.convert("RGB")), s["label"]
+            return decode(super().__getitem__(index))
 
     return _Images
 
@@ -206,13 +247,17 @@ def _litdata_epoch(url: str, o: RemoteBenchOptions, local: Path) -> Epoch:
 
 
 def _litdata_epoch_here(url: str, o: RemoteBenchOptions, local: str) -> Epoch:
+    import os
+
     from litdata import StreamingDataLoader, StreamingDataset
 
+    os.environ.update(_litdata_http())  # this (spawned) process is LitData's alone
     cache = Path(local)
     cold = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    ds = _decoding(StreamingDataset, o)(input_dir=url, cache_dir=str(cache), shuffle=True, seed=0)
+    ds = StreamingDataset(input_dir=url, cache_dir=str(cache), shuffle=True, seed=0,
+                          transform=_PeerDecode(o.image_size))  # LitData's own transform hook
     # LitData's own loader, as its docs use it
     loader = StreamingDataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
     r = _drain(loader, t0, lambda: sum(f.stat().st_size for f in cache.rglob("*.bin")) if cold else 0)
