@@ -287,7 +287,8 @@ def format_summary(s: dict[str, Any]) -> str:
         judged = ("outside the noise" if v["outside_noise"] else "within the noise: the change is not shown to "
                   "matter" if v["outside_noise"] is False else "noise unknown")
         lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: predicted "
-                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
+                     + ("up to " if v.get("predicted_is_bound") else "")
+                     + f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
                      f"rounds (each {rounds}; baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "
                      + "/".join(f"{x:.1f}" for x in changed) + f" images/s; run-to-run noise +/-{v['noise'] or 0:.2f}: "
                      + judged + f"); {v['profile']}")
