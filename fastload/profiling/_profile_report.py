@@ -287,7 +287,8 @@ def format_summary(s: dict[str, Any]) -> str:
         rounds = ", ".join(f"{r:.2f}x" for r in v["round_ratios"])
         judged = ("outside the noise" if v["outside_noise"] else "within the noise: the change is not shown to "
                   "matter" if v["outside_noise"] is False else "noise unknown")
-        predicted = "no prediction" if v["predicted"] is None else f"predicted {v['predicted']:.2f}x"
+        predicted = ("no prediction" if v["predicted"] is None else "predicted "
+                     + ("up to " if v.get("predicted_is_bound") else "") + f"{v['predicted']:.2f}x")
         lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: {predicted}, "
                      f"measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
                      f"rounds (each {rounds}; baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "

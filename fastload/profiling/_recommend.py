@@ -17,7 +17,10 @@ the predicted step is the ``t`` where
 i.e. no faster than the step, than N workers deliver, than the CPUs can do both; and a
 multi-threaded step (``k > 1``) slows down when busy workers take CPUs it was using: an
 OpenMP region runs at the pace of its slowest thread, so a CPU a worker takes even in part is
-lost to the step. In the main process (``N = 0``) the step is ``c + t_b``. Every worker count
+lost to the step. That term is optimistic: beside busy workers such a step also waits for its threads at
+every parallel region (a 17 ms 2-thread step ran 3x longer on a quiet 2-CPU machine), by an amount the
+profile cannot see, so a worker count whose workers would share the step's CPUs (``k >= 1.2`` and ``k`` plus
+the workers' CPU load over ``P``) gets its figure as an upper bound ("up to"), not a prediction. In the main process (``N = 0``) the step is ``c + t_b``. Every worker count
 from 0 up to the plan's (more where samples mostly block on I/O) is predicted; the
 recommendation is the plan's count ("auto") when it is within 2% of the best, else the fewest
 workers within 2% of the best, and only when it gains 5%; when no count gains and the step
@@ -249,8 +252,17 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         # the measured step is the reference for the current worker count (the model would only add its error)
         ratio = ({w_now: 1.0} if threads else
                  {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)})
+        # a multi-threaded step whose CPUs busy workers would share: its threads wait for each other at every
+        # parallel region while a worker holds one of their CPUs, which costs more than the pace-of-the-slowest
+        # term above (measured on a quiet 2-CPU machine: a 17 ms 2-thread step ran 3x longer beside 2 busy
+        # workers, and 2 workers gave 1.29x where the model said 1.73x; docs/profile-advice.md). How much more
+        # depends on how many parallel regions a step has, which the profile does not see: such a worker
+        # count's figure is an upper bound, not a prediction
+        def shares_step_cpus(n: int) -> bool:
+            return n > 0 and cores >= 1.2 and cores + min(n, tcpu * ratio[n] / T) > cpus + 0.05
         s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
-                             "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers"}
+                             "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers",
+                             **({"bound": True} if shares_step_cpus(n) else {})}
                             for n, g in sorted(ratio.items(), key=lambda kv: kv[0] != plan_workers)
                             if n != w_now]  # the plan's count first: the one a user would try
         # within 2% of the best: the plan's count ("auto", which leaves its headroom), else the fewest (more
@@ -281,8 +293,13 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             if io_bound and best > cpus:
                 why += (f"; samples spend {samples.get('blocked_share', 1 - share):.0%} of their time blocked "
                         f"(I/O, sleep), so workers beyond the {cpus} CPUs overlap the waiting")
+            if shares_step_cpus(best):
+                why += (f"; an upper bound: the step's {cores:.1f} threads would share CPUs with busy workers, and "
+                        "a multi-threaded step then waits for its threads at every parallel region (check with "
+                        f"--verify-fix); torch.set_num_threads({max(1, cpus - best)}) in the script keeps the step "
+                        "off the workers' CPUs")
             recs.append({"change": change, "stage": "workers", "why": why, "expected_gain": ratio[best],
-                         "apply": {"num_workers": best},
+                         "apply": {"num_workers": best}, **({"bound": True} if shares_step_cpus(best) else {}),
                          "code": _code(created, {"num_workers": value})})
         elif cores >= 0.75 and best_gain < 1.05 and not threads:
             tried = max(w_now + 1, plan_workers)

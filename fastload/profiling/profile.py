@@ -347,7 +347,8 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
         return result
 
     base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
-            "predicted": pick["expected_gain"], "profile": str(vdir / "profile.json")}
+            "predicted": pick["expected_gain"], "predicted_is_bound": bool(pick.get("bound")),
+            "profile": str(vdir / "profile.json")}
     changed = rerun(vdir, apply)
     applied = changed.get("applied", {})
     missing = {k: v for k, v in pick["apply"].items() if not _was_applied(v, applied.get(k))}

@@ -120,6 +120,23 @@ def test_cpu_bound_training_is_not_told_to_add_workers():
     assert pick["expected_gain"] < 1.0
 
 
+def test_a_multithreaded_step_beside_busy_workers_gets_an_upper_bound_not_a_prediction():
+    # quiet 2-CPU machine, cpu_train.py with REPS=1 ROWS=64 SAMPLE_MS=8 (a 17 ms 2-thread step, 8 samples of
+    # 8 ms of CPU): the model said 1.73x for 2 workers, --verify-fix measured 1.29x; the step's threads waited
+    # for each other beside the busy workers (docs/profile-advice.md). That figure may only be offered as a bound
+    s = _summary(wait=0.8, workers=0, cpus=2, per_sample_ms=8.2, cpu_share=0.99, step_cores=1.86)
+    verdict, recs = recommend(s, plan_workers=2, has_gpu=False)
+    (workers,) = [r for r in recs if r["stage"] == "workers"]
+    assert workers["bound"] and "an upper bound" in workers["why"]
+    assert all(p.get("bound") for p in s["predictions"] if p["apply"]["num_workers"] == 2)
+    assert change_to_verify({**s, "recommendations": recs})["bound"]
+    # the same loading beside a one-thread step: the workers do not wait on each other's CPUs: a prediction
+    s = _summary(wait=0.8, workers=0, cpus=2, per_sample_ms=8.2, cpu_share=0.99, step_cores=0.9)
+    _, recs = recommend(s, plan_workers=2, has_gpu=False)
+    (workers,) = [r for r in recs if r["stage"] == "workers"]
+    assert not workers.get("bound") and "upper bound" not in workers["why"]
+
+
 def _bounds(s: dict) -> tuple[float, float]:
     """The two ceilings every predicted gain must respect: the data wait's, and the CPUs' for the loading."""
     tb_cpu = s["images_per_step"] * s["samples"]["per_sample_ms"] / 1e3 * s["samples"]["cpu_share"]
