@@ -280,6 +280,8 @@ def format_summary(s: dict[str, Any]) -> str:
     v = s.get("verify_fix")
     if v and "skipped" in v:
         lines.append(f"verify-fix: skipped: {v['skipped']}")
+    elif v and v.get("failed"):
+        lines.append(f"verify-fix: FAILED: {v['change']}: {v['failed']}")
     elif v and v.get("not_applied"):
         lines.append(f"verify-fix: NOT APPLIED: {v['change']}: {v['not_applied']}")
     elif v:

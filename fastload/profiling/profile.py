@@ -341,15 +341,33 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
         folder.mkdir(exist_ok=True)
         _clear(folder)
         rc, _ = _run_child(command, _child_env(folder, vopts, None, change))
-        _, result = summarize_dir(folder)
-        result["exit_status"] = exit_status(rc)
+        try:
+            _, result = summarize_dir(folder)
+        except ProfileError as exc:  # no measured step: a run that failed early, judged by failed() below
+            result = {"ended": "exit", "steps": 0, "error": str(exc).splitlines()[0]}
+        result["exit_status"], result["out"] = exit_status(rc), str(folder)
         (folder / "profile.json").write_text(json.dumps(result, indent=1))
         return result
 
     base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
             "predicted": pick["expected_gain"], "predicted_is_bound": bool(pick.get("bound")),
             "profile": str(vdir / "profile.json")}
+    def failed(result: dict[str, Any], which: str) -> dict[str, Any] | None:
+        """A rerun that ended on its own with a failure status is no measurement of the change."""
+        if result.get("steps", 0) == 0 and result["exit_status"] == 0:
+            return {**base, "applied": {}, "measured": None, "outside_noise": None,
+                    "failed": f"the {which} run measured no steps ({result.get('error', result['out'])}): nothing is "
+                              "compared"}
+        if result["exit_status"] == 0 or result.get("ended") not in ("exit", "abrupt"):
+            return None
+        return {**base, "applied": result.get("applied", {}), "measured": None, "outside_noise": None,
+                "failed": f"the {which} run exited with status {result['exit_status']} after {result.get('steps', 0)} "
+                          f"measured steps ({result.get('out', '')}): nothing is compared. Run the command with the "
+                          "change by hand to see its error"}
+
     changed = rerun(vdir, apply)
+    if (bad := failed(changed, "changed")) is not None:
+        return bad
     applied = changed.get("applied", {})
     missing = {k: v for k, v in pick["apply"].items() if not _was_applied(v, applied.get(k))}
     if missing:
@@ -368,6 +386,9 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
     pairs = [(summary, changed)]
     for i in range(2, VERIFY_ROUNDS + 1):
         pairs.append((rerun(vdir / f"round{i}-baseline", None), rerun(vdir / f"round{i}-changed", apply)))
+        for result, which in zip(pairs[-1], (f"round-{i} baseline", f"round-{i} changed")):
+            if (bad := failed(result, which)) is not None:
+                return bad
     judged = compare_rounds(pairs)
     measured = judged["ratio"]
     return {**base, "applied": applied, "measured": measured,

@@ -41,6 +41,8 @@ class Sleepy(torch.utils.data.Dataset):
         return 10 ** 6
 
     def __getitem__(self, i):
+        if os.environ.get("FAIL_IN_WORKER") and torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError("this dataset breaks in a worker process")
         time.sleep(SAMPLE)
         return torch.zeros(4), i % 2
 
@@ -413,6 +415,21 @@ def test_verify_fix_says_plainly_when_the_change_was_not_applied(tmp_path):
     assert "NOT APPLIED" in line and "measured" not in line.replace("nothing is measured", "")
     assert "outside the noise" not in proc.stdout
     assert not (out / "verify" / "round2-baseline").exists()  # no further runs for a change it did not make
+
+
+def test_verify_fix_compares_nothing_when_the_changed_run_fails(tmp_path):
+    # the change (workers) breaks the script: the changed run exits with a failure after 0 steps. It was
+    # compared all the same (a ratio of images/s over the steps it had); now it is named as failed
+    out = tmp_path / "out"
+    proc = run_profile_cli(tmp_path, ["--steps", "10", "--warmup", "2", "--out", str(out), "--verify-fix"],
+                           SAMPLE_SLEEP="0.010", STEP_SLEEP="0.020", FAIL_IN_WORKER="1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    v = json.loads((out / "profile.json").read_text())["verify_fix"]
+    assert v["apply"]["num_workers"] >= 1 and v["measured"] is None
+    assert "the changed run exited with status 1" in v["failed"]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("verify-fix:"))
+    assert line.startswith("verify-fix: FAILED:") and "images/s" not in line and "predicted" not in line
+    assert not (out / "verify" / "round2-baseline").exists()
 
 
 def _run(images_per_s: float, sd_s: float = 1e-4) -> dict:
