@@ -66,6 +66,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from fastload.errors import ResumeStateError
+from fastload.load._shard_order import mix_seed
 from fastload.load.transforms import is_preset
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "DatasetFacts", "ReplayOrder",
@@ -76,20 +77,6 @@ __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "Datas
 STATE_FORMAT = "fastload.DataLoader"
 DALI_STATE_FORMAT = "fastload.DALILoader"
 STATE_VERSION = 1
-_MASK = (1 << 64) - 1
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64 over each part): cheap, well mixed, stable."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (int(p) & _MASK)) & _MASK
-        x = (x + 0x9E3779B97F4A7C15) & _MASK
-        z = x
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-        x = z ^ (z >> 31)
-    return x >> 1
 
 
 class SampleIndex(int):
@@ -524,12 +511,16 @@ def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None,
 
 
 def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,
-                     batch_size: int, world: int) -> dict:
+                     batch_size: int, world: int, shards: dict | None = None) -> dict:
     """Validate a ``DALILoader`` state (format ``fastload.DALILoader``); return it as a dict.
+
+    ``shards``: how the loader orders an epoch (None: one global permutation; ``{"window": w}``:
+    by shards); a state without the field was saved by a loader that ordered globally.
 
     Raises:
         ResumeStateError: not such a state, a newer version, corrupt, or saved for another
-            source kind, store/tree, seed, shuffle, batch size, or (folder) world size.
+            source kind, store/tree, seed, shuffle, order (global or by shards, window), batch
+            size, or (folder) world size.
     """
     if not isinstance(sd, Mapping) or sd.get("format") != DALI_STATE_FORMAT:
         got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
@@ -549,6 +540,10 @@ def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None,
                            ("shuffle", shuffle)):
         if sd[field] != current:
             raise mismatch_error(f"the {field}", sd[field], current, hint)
+    if sd.get("shards") != shards:
+        raise mismatch_error("the order (None: global, else by shards)", sd.get("shards"), shards,
+                             "build the DALILoader with the same DALIOptions(order=..., window=...) as the run that "
+                             "saved it (a store in object storage is read by shards unless order='global').")
     if sd["batches"] and sd["batch_size"] != batch_size and source == "folder":
         raise mismatch_error("batch_size", sd["batch_size"], batch_size, "a folder epoch resumes by batch count.")
     if sd["batches"] and sd["batch_size"] != batch_size and sd["order"] is None:
