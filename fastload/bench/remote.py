@@ -130,6 +130,7 @@ def write_litdata(store: str | Path, out: str, *, chunk_bytes: int | str = 1 << 
     (its own chunk format, one worker, the store's order) to ``out`` (a local folder or ``s3://`` URL:
     LitData's boto3 client takes the endpoint from ``AWS_ENDPOINT_URL``). Its staging folder is a
     temporary one, removed after. Returns the samples written."""
+    import multiprocessing
     import os
 
     from litdata import optimize
@@ -143,10 +144,14 @@ def write_litdata(store: str | Path, out: str, *, chunk_bytes: int | str = 1 << 
                                             "AWS_ALLOW_HTTP")}
     os.environ.update(DATA_OPTIMIZER_CACHE_FOLDER=f"{staging}/chunks", DATA_OPTIMIZER_DATA_CACHE_FOLDER=f"{staging}/data",
                       **_litdata_http())
+    # optimize() sets this process's start method to "spawn" for good (force=True): put it back, or every
+    # DataLoader after it (the fastload and MosaicML paths) would spawn its workers
+    method = multiprocessing.get_start_method(allow_none=True)
     try:
         optimize(fn=_litdata_item, inputs=items, output_dir=out, chunk_bytes=chunk_bytes, num_workers=1,
                  reorder_files=False, verbose=False)
     finally:
+        multiprocessing.set_start_method(method, force=True)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+
 import pytest
 
 from fastload.bench.remote import RemoteBenchOptions, bench_remote, write_litdata
@@ -17,7 +19,9 @@ def test_litdata_path_reads_the_same_images_with_the_same_batches(s3_server, fre
     url = s3_server.url(fresh_bucket, "store/")
     n = publish(local, url).num_samples
     lit = s3_server.url(fresh_bucket, "litdata/")
+    method = multiprocessing.get_start_method(allow_none=True)
     assert write_litdata(local, lit, chunk_bytes=1 << 16) == n  # several chunks
+    assert multiprocessing.get_start_method(allow_none=True) == method  # optimize() forces "spawn": put back
     out = bench_remote(local, url, RemoteBenchOptions(workers=2, batch_size=4, image_size=32, rounds=1),
                        litdata_url=lit).to_json()["paths"]
     assert set(out) == {"local", "remote-cold", "remote-warm", "litdata-cold", "litdata-warm"}
