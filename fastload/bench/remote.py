@@ -256,7 +256,12 @@ def _litdata_epoch_here(url: str, o: RemoteBenchOptions, local: str) -> Epoch:
 
     from litdata import StreamingDataLoader, StreamingDataset
 
+    import multiprocessing
+
     os.environ.update(_litdata_http())  # this (spawned) process is LitData's alone
+    # a spawned process inherits "spawn" as its start method: give LitData's loader the platform's default,
+    # as it has in a user's script (else its workers start slower than the other paths')
+    multiprocessing.set_start_method(None, force=True)
     cache = Path(local)
     cold = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
