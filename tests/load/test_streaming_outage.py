@@ -90,11 +90,14 @@ def test_endpoint_down_10s_mid_epoch_is_ridden_out_with_the_default_budget(own_s
     def outage() -> None:
         time.sleep(10)
         times["restart"] = time.time()
-        own_server.start()  # the same ports and data
-        own_server.wait_ready()
-        times["back"] = time.time()
+        try:
+            own_server.start()  # the same ports and data
+            own_server.wait_ready()
+            times["back"] = time.time()
+        except Exception as exc:  # said below, with the server's log
+            times["failed"] = repr(exc)
 
-    got, thread = [], threading.Thread(target=outage)
+    got, thread, error = [], threading.Thread(target=outage), None
     try:
         for x, y in loader:
             got.append((x, y))
@@ -102,9 +105,17 @@ def test_endpoint_down_10s_mid_epoch_is_ridden_out_with_the_default_budget(own_s
                 own_server.stop()
                 times["stopped"] = time.time()
                 thread.start()
+    except RemoteStoreError as exc:
+        error = exc
     finally:
         if thread.ident is not None:
             thread.join()
+    # a server that did not come back in time is the test machine's failure, not the client's: say which
+    assert "back" in times and times["back"] - times["stopped"] < remote.RETRY_BUDGET_S, (
+        f"the restarted server was not back within the budget: {times}; its log: "
+        f"{own_server.log.read_text()[-1500:] if own_server.log else ''}")
+    if error is not None:
+        raise error
     away = times["back"] - times["stopped"]
     assert 10 <= away < remote.RETRY_BUDGET_S, f"the server was away {away:.1f} s"
     # the epoch is whole and exact: the same batches as from the local shards, in the same order
