@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from fastload.errors import ResumeStateError
-from fastload.load.state import mix_seed
+from fastload.load.replay import mix_seed
 
 __all__ = ["ShardSampler", "DEFAULT_WINDOW"]
 
