@@ -1,9 +1,22 @@
-"""A small stateful iterable dataset the resume tests share (tests/load/test_resume*.py)."""
+"""The small datasets the resume tests share (tests/load/test_resume*.py and resume_script.py)."""
 
 from __future__ import annotations
 
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import Dataset, IterableDataset
+
+
+class Indexed(Dataset):
+    """Sample ``i`` is ``i``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
 
 
 class Stateful(IterableDataset):

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from fastload import DataLoader, LMDBImageDataset, ResumeStateError
 from fastload.load.transforms import collate_uint8, train_transform
-from resumable import Stateful
+from resumable import Indexed, Stateful
 
 SCRIPT = Path(__file__).with_name("resume_script.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,17 +126,6 @@ def test_sigkill_after_checkpoint_then_restart_covers_the_epoch_once(tmp_path, b
 # the loader's own arguments per backend: what a test builds runs once on each
 BACKENDS = [pytest.param({}, id="processes"), pytest.param({"backend": "threads", "num_workers": 2}, id="threads")]
 PAIRS = [pytest.param(a, b, id=f"{a}-to-{b}") for a in ("processes", "threads") for b in ("processes", "threads")]
-
-class Indexed(Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
 
 def ids(batches) -> list[list[int]]:
     return [[int(i) for i in b] for b in batches]
