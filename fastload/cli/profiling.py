@@ -30,8 +30,11 @@ PROFILE = "fastload.profiling.profile:ProfileOptions"
 @click.option("--headspace", is_flag=True,
               help="Rerun with the training loader replaying its first batches from memory: the perfect-loader bound.")
 @click.option("--verify-fix", is_flag=True,
-              help="Rerun with the top change fastload can apply from outside (worker count, pin_memory) and print "
-                   "predicted vs measured.")
+              help="Rerun with the top change fastload can apply from outside (worker count, pin_memory, the uint8 "
+                   "presets on a torchvision ImageFolder) and print predicted vs measured.")
+@click.option("--verify-change", type=click.Choice(["num_workers", "pin_memory", "uint8_presets"]), default=None,
+              help="With --verify-fix: verify this change instead of the top one (the top recommendation that "
+                   "makes it, else its prediction, e.g. one that says it will not help).")
 @click.option("--kineto-steps", type=click.IntRange(min=0), default=Default(PROFILE, "kineto_steps"),
               show_default=True,
               help="On CUDA, steps traced with torch.profiler for the GPU timeline (0: off).")
@@ -39,7 +42,7 @@ PROFILE = "fastload.profiling.profile:ProfileOptions"
               help="Also write per-step scalars to this TensorBoard log dir (needs tensorboard).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @friendly
-def profile(steps, seconds, until_end, warmup, out, headspace, verify_fix, kineto_steps, tensorboard,
+def profile(steps, seconds, until_end, warmup, out, headspace, verify_fix, verify_change, kineto_steps, tensorboard,
             command) -> None:
     """Run COMMAND unchanged and say where its training step waits: `fastload profile -- python train.py`.
 
@@ -61,7 +64,8 @@ def profile(steps, seconds, until_end, warmup, out, headspace, verify_fix, kinet
                                     names=(command[1], command[2])))
         return
     opts = ProfileOptions(out=out, steps=None if until_end else steps, seconds=None if until_end else seconds,
-                          warmup=warmup, headspace=headspace, verify_fix=verify_fix, kineto_steps=kineto_steps,
+                          warmup=warmup, headspace=headspace, verify_fix=verify_fix or verify_change is not None,
+                          verify_change=verify_change, kineto_steps=kineto_steps,
                           tensorboard=tensorboard)
     try:
         summary = run_profile(list(command), opts)

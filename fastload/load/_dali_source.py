@@ -5,12 +5,16 @@ it: importing this module must stay cheap (numpy and the store reader, no torch,
 remote store's reader (``RemoteStoreReader``) pickles without its leases and threads: each
 spawned worker leases shards from the node cache itself (one download per shard per node).
 
-Order: one global permutation of all samples per epoch, from ``(seed, epoch)``, the same
-on every rank; rank ``r`` of ``w`` takes every ``w``-th sample of it, padded by wrapping
-(as ``DistributedSampler`` pads) so every rank has ``ceil(n / w)`` samples and the same
-number of batches. The epoch is then padded up to a whole number of batches by repeating
-its first samples; the iterator trims that padding away (``last_batch_policy=PARTIAL``) or
-drops the partial batch (``drop_last``).
+Order, global (``shards=None``): one global permutation of all samples per epoch, from
+``(seed, epoch)``, the same on every rank; rank ``r`` of ``w`` takes every ``w``-th sample of
+it, padded by wrapping (as ``DistributedSampler`` pads) so every rank has ``ceil(n / w)``
+samples and the same number of batches.
+Order, by shards (``shards``: a ``ShardOrder``, the ``ShardSampler``'s arithmetic): the
+rank's run of whole shards, shuffled ``window`` shards at a time; also ``ceil(n / w)``
+samples per rank. Each rank then touches only its own shards, each once per epoch.
+The epoch is then padded up to a whole number of batches by repeating its first samples;
+the iterator trims that padding away (``last_batch_policy=PARTIAL``) or drops the partial
+batch (``drop_last``).
 
 Resume (``DALILoader.load_state_dict``): a pipeline built to resume mid-epoch reads, in its
 first epoch, the list of global indices this rank has left (``resume``; computed by the
@@ -29,6 +33,7 @@ import math
 
 import numpy as np
 
+from fastload.load._shard_order import ShardOrder
 from fastload.store.reader import StoreReader
 
 
@@ -36,7 +41,7 @@ class StoreSource:
     """``source(sample_info) -> (encoded bytes, label, global index)`` for one rank."""
 
     def __init__(self, reader: StoreReader, batch_size: int, *, shuffle: bool, seed: int, rank: int = 0,
-                 world: int = 1, drop_last: bool = False) -> None:
+                 world: int = 1, drop_last: bool = False, shards: ShardOrder | None = None) -> None:
         self.reader = reader
         self.labels = getattr(reader, "labels", None)  # a remote store's labels live in its shards: read per sample
         self.n = len(reader)
@@ -51,6 +56,7 @@ class StoreSource:
         self.first: np.ndarray | None = None  # a resumed epoch 0: this rank's remaining indices
         self.first_padded = 0
         self.bad: frozenset[int] = frozenset()
+        self.shards = shards  # read shard by shard (its num_replicas, rank, shuffle and seed are ours)
 
     def resume(self, epoch: int, remaining) -> int:
         """Make the pipeline's first epoch ``remaining`` (epoch ``epoch``); return its sample count."""
@@ -60,6 +66,14 @@ class StoreSource:
         full = m // b * b
         self.first_padded = full if self.drop_last else math.ceil(m / b) * b
         return full if self.drop_last else m
+
+    def shard_order(self, epoch: int, state: dict | None = None) -> ShardOrder:
+        """A fresh ``ShardOrder`` at the start of ``epoch``, or where ``state`` (its ``state_dict()``) is."""
+        plan = copy.copy(self.shards)
+        plan.set_epoch(epoch)
+        if state is not None:
+            plan.resume_from(state, consumed=0)
+        return plan
 
     def global_order(self, epoch: int) -> np.ndarray:
         """All ``n`` indices of ``epoch`` in order, before the split between ranks."""
@@ -83,6 +97,9 @@ class StoreSource:
     def order(self, epoch: int) -> np.ndarray:
         """This rank's global sample indices for ``epoch`` (length ``per_rank``)."""
         if self._order is None or self._order[0] != epoch:
+            if self.shards is not None:
+                self._order = (epoch, self.shard_order(epoch).order())
+                return self._order[1]
             perm = self.global_order(epoch)
             total = self.per_rank * self.world
             if total > self.n:  # pad by wrapping so every rank gets the same count

@@ -17,9 +17,15 @@ that region (nvJPEG on the GPU, libjpeg-turbo on the CPU), then ``fn.resize`` br
 ``size``; this is the same augmentation as ``fn.random_resized_crop`` after a full decode,
 without decoding pixels that are thrown away.
 
-Shuffling: from a store, a global permutation per epoch (``_dali_source``), never DALI's
-reader buffer (``random_shuffle`` shuffles within ``initial_fill`` samples, 1024 by default,
-which measurably costs accuracy on class-sorted data). From a folder, the file list is
+Shuffling: from a store, a global permutation per epoch (``_dali_source``), or, for a store
+in object storage (and a local folder of shards with ``DALIOptions(order="shards")``), the
+``ShardSampler``'s order: each rank reads its own run of whole shards, ``window`` shards
+shuffled together, so a node downloads each shard once per epoch and its cache needs room
+for a few shards per rank, not the store; the next window's shards are downloaded in the
+background (from this process, into the node cache the workers read) while the current
+window is read. Never DALI's reader buffer (``random_shuffle`` shuffles within
+``initial_fill`` samples, 1024 by default, which measurably costs accuracy on class-sorted
+data). From a folder, the file list is
 permuted once by ``seed`` and the reader reshuffles the whole list after every epoch
 (``shuffle_after_epoch``).
 
@@ -57,6 +63,7 @@ import torch
 
 from fastload.errors import CorruptSampleError, MissingDependencyError, ResumeStateError, WorkerStartError
 from fastload.load import state as _state
+from fastload.load._shard_order import DEFAULT_WINDOW, ShardOrder
 from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
@@ -117,8 +124,16 @@ class DALIOptions:
             H100/H200 have one; ignored elsewhere and on the CPU).
         prefetch_queue_depth: batches DALI prepares ahead.
         cache_dir, cache_limit: a store in object storage: the node's shard cache and the bytes it
-            may hold (as ``LMDBImageDataset``'s). The loader reads in the same global order as from
-            the local store, so every shard is needed each epoch: give it room for the store.
+            may hold (as ``LMDBImageDataset``'s). Read by shards (the default for such a store), a
+            rank holds about ``2 * window + 1`` shards (the window and the next one, prefetched;
+            each DALI worker keeps ``window + 1`` open): give the cache room for that per rank on
+            the node (and per ``py_workers`` beyond the first, ``window + 1`` more). With
+            ``order="global"`` every shard is needed all epoch: room for the store.
+        order: ``"auto"`` (default): by shards (``ShardSampler``'s order) for a store in object
+            storage, one global permutation for a local store; ``"shards"``: by shards, also for a
+            local store (a folder of shards on NFS or local disks); ``"global"``: one global
+            permutation, also for a store in object storage (the order of the local copy).
+        window: shards whose samples are shuffled together when reading by shards.
     """
 
     resize: int = 256
@@ -134,8 +149,15 @@ class DALIOptions:
     prefetch_queue_depth: int = 2
     cache_dir: str | os.PathLike[str] | None = None
     cache_limit: int | str | None = None
+    order: str = "auto"
+    window: int = DEFAULT_WINDOW
 
     def __post_init__(self) -> None:
+        if self.order not in ("auto", "shards", "global"):
+            raise ValueError(f"Unknown value {self.order!r} for argument order. Valid values are 'auto', 'shards', "
+                             "'global'.")
+        if not (isinstance(self.window, int) and self.window >= 1):
+            raise ValueError(f"Unknown value {self.window!r} for argument window. Valid values are integers >= 1.")
         if self.py_workers < 1 or self.prefetch_queue_depth < 1 or self.resize < 1:
             raise ValueError("py_workers, prefetch_queue_depth and resize must be >= 1")
         if not 0.0 <= self.hw_decoder_load <= 1.0:
@@ -150,8 +172,9 @@ class DALILoader:
     Args:
         source: a store written by ``fastload convert`` (or a shard directory), an
             ImageFolder tree, or the URL of a sharded store in object storage (``s3://...``):
-            read through the node's shard cache (``options.cache_dir``/``cache_limit``), the
-            same batches as from the local copy of the store.
+            read through the node's shard cache (``options.cache_dir``/``cache_limit``) shard by
+            shard (``DALIOptions.order``): the same batches as from the local copy of the store
+            read with ``order="shards"``.
         batch_size: samples per batch.
         train: random-resized crop + flip (True) or resize + center crop (False).
         size: output side.
@@ -225,6 +248,11 @@ class DALILoader:
         if on_error == "skip" and not self.from_store:
             raise ValueError("on_error='skip' needs a store (DALI's file reader cannot replace a file); pack the "
                              "folder with `fastload convert` first, it skips and reports bad files.")
+        if opt.order == "shards" and not self.from_store:
+            raise ValueError(f"{source}: order='shards' needs a store (a folder of shards, or a URL); an image "
+                             "folder is read by DALI's file reader.\nHINT: pack it with `fastload convert "
+                             "--num-shards` first, or use order='auto'.")
+        self.by_shards = self.from_store and (opt.order == "shards" or (opt.order == "auto" and self.remote))
         if self.from_store:
             from fastload.load._dali_source import StoreSource
             from fastload.store.reader import StoreReader
@@ -232,11 +260,18 @@ class DALILoader:
             if self.remote:  # DALI's spawned workers unpickle it and lease shards from the same node cache
                 from fastload.store.remote_store import RemoteStoreReader
 
-                self._reader = RemoteStoreReader(self.source, cache_dir=opt.cache_dir, cache_limit=opt.cache_limit)
+                # by shards, a worker keeps the window's shards (and the one it turns to) leased, no more
+                self._reader = RemoteStoreReader(self.source, cache_dir=opt.cache_dir, cache_limit=opt.cache_limit,
+                                                 open_shards=opt.window + 1 if self.by_shards else 5)
             else:
                 self._reader = StoreReader(self.source)
+            shards = None
+            if self.by_shards:
+                sizes = self._reader.shard_sizes if self.remote else [m.count for m in self._reader.metas]
+                shards = ShardOrder(sizes, num_replicas=num_shards, rank=shard_id, shuffle=self.shuffle, seed=seed,
+                                    window=opt.window)
             self._src = StoreSource(self._reader, batch_size, shuffle=self.shuffle, seed=seed, rank=shard_id,
-                                    world=num_shards, drop_last=drop_last)
+                                    world=num_shards, drop_last=drop_last, shards=shards)
             self.samples_per_epoch = self._src.epoch_samples
         else:
             self._files, self._labels = self._file_list()
@@ -359,9 +394,12 @@ class DALILoader:
         if self.from_store:
             resumed = self._src.first is not None and self._src.epoch_offset == epoch
             self._list = self._src.first if resumed else self._src.order(epoch)  # batch k is _list[k*b:]
+        self._windows = self._src.shards.windows(self._list) \
+            if self.by_shards and hasattr(self._reader, "prefetch_shards") else []
         k, failures = 0, 0
         while k < len(self):
             found = None
+            self._prefetch(k)
             try:
                 if self._iter is None:  # DALI's iterator runs the pipeline already when it is made
                     self._partial = self._partial or k > 0
@@ -406,6 +444,15 @@ class DALILoader:
             next(self._iter)
         except StopIteration:
             pass
+
+    def _prefetch(self, k: int) -> None:
+        """Start downloading the next window's shards once the workers may be reading the window
+        before it: they run up to ``prefetch_queue_depth`` batches ahead of batch ``k``."""
+        reach = (k + self.options.prefetch_queue_depth + 1) * self.batch_size
+        while self._windows and self._windows[0][0] < reach:
+            ahead = self._windows.pop(0)[2]
+            if ahead:
+                self._reader.prefetch_shards(ahead)
 
     def _explain(self, exc: BaseException, epoch: int, iteration: int, *,
                  every: bool = False) -> list[CorruptSampleError]:
@@ -470,16 +517,24 @@ class DALILoader:
               "source": "store" if self.from_store else "folder", "len": self._resume_len(),
               "identity": self._resume_identity(), "seed": self.seed, "shuffle": self.shuffle,
               "batch_size": self.batch_size, "world": self.num_shards, "epoch": self.epoch, "batches": 0,
-              "order": None}
+              "order": None, "shards": self._shards_setting()}
         if pos is not None:
             epoch, batches, order = pos
             sd.update(epoch=epoch, batches=batches)
             if order is not None:
-                done = batches - order["batches_before"]
-                sd["order"] = {"start": order["start"], "world": order["world"],
-                               "consumed": order["consumed"] + order["world"] * min(done * self.batch_size,
-                                                                                    order["rank_len"])}
+                step = min((batches - order["batches_before"]) * self.batch_size, order["rank_len"])
+                if "sampler" in order:  # by shards: the ShardOrder's segments, the last one advanced
+                    sampler = dict(order["sampler"], segments=[list(x) for x in order["sampler"]["segments"]])
+                    sampler["segments"][-1][1] += step
+                    sd["order"] = {"sampler": sampler}
+                else:
+                    sd["order"] = {"start": order["start"], "world": order["world"],
+                                   "consumed": order["consumed"] + order["world"] * step}
         return sd
+
+    def _shards_setting(self) -> dict | None:
+        """How the epoch is ordered, as saved in a state: None (global) or ``{"window": w}`` (by shards)."""
+        return {"window": self.options.window} if self.by_shards else None
 
     def _resume_len(self) -> int:
         return self._src.n if self.from_store else len(set(self._files))
@@ -505,7 +560,7 @@ class DALILoader:
         sd = _state.check_dali_state(state_dict, source="store" if self.from_store else "folder",
                                      length=self._resume_len(), identity=self._resume_identity(),
                                      seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
-                                     world=self.num_shards)
+                                     world=self.num_shards, shards=self._shards_setting())
         if not self.from_store and self.shuffle and sd["epoch"] > 0 and sd["batches"] > 0:
             raise ResumeStateError(
                 f"{self.source}: a mid-epoch state of epoch {sd['epoch']} from a shuffled folder cannot be "
@@ -528,7 +583,9 @@ class DALILoader:
             self._src.epoch_offset, self._src.first = epoch, None
         elif plan is not None:
             skip = plan["batches"]
-        if order is None and self.from_store:
+        if order is None and self.by_shards:
+            order = {"sampler": self._src.shard_order(epoch).state_dict(), "rank_len": self._src.per_rank}
+        elif order is None and self.from_store:
             order = {"start": 0, "world": self.num_shards, "consumed": 0, "rank_len": self._src.per_rank}
         batches = plan["batches"] if plan is not None else 0
         if order is not None:
@@ -556,6 +613,14 @@ class DALILoader:
     def _resume_remaining(self, plan: dict) -> dict:
         """This rank's indices left in the saved epoch (the elastic rule), and the new segment."""
         saved = plan["order"]
+        if self.by_shards:  # ShardOrder's own elastic rule, from the saved segments
+            if saved is None or "sampler" not in saved:
+                raise ResumeStateError(f"{self.source}: a mid-epoch state without the position of a shard-ordered "
+                                       "epoch.\nHINT: the checkpoint was damaged or edited; resume from an "
+                                       "earlier one.")
+            rest = self._src.shard_order(plan["epoch"], saved["sampler"])
+            mine = rest.order()
+            return {"sampler": rest.state_dict(), "rank_len": len(mine), "remaining": mine}
         perm = self._src.global_order(plan["epoch"]).tolist()
         world = self.num_shards
         if saved is None:

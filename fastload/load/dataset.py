@@ -104,9 +104,12 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
     @property
     def targets(self) -> list[int]:
-        """Every sample's label. For a remote store this reads every shard (downloads the store)."""
+        """Every sample's label. For a remote store: one small GET of its ``samples.json.gz``, no
+        shard downloaded; a store converted before that object existed (manifest format 1) has
+        its labels in the shards only, and this downloads every shard."""
         if self._targets is None:
-            self._targets = [self._reader.label(i) for i in range(len(self))]
+            index = self._reader.sample_index()
+            self._targets = list(index[0]) if index is not None else [self._reader.label(i) for i in range(len(self))]
         return self._targets
 
     @targets.setter
@@ -115,8 +118,11 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
     @property
     def samples(self) -> Sequence:
-        """``(relpath, label)`` per sample, as ImageFolder has it (remote: reads every shard)."""
+        """``(relpath, label)`` per sample, as ImageFolder has it (remote: as ``targets``)."""
         if self.remote:
+            index = self._reader.sample_index()
+            if index is not None:
+                return _Samples(index[1], index[0])
             return [(self._reader.relpath(i), t) for i, t in enumerate(self.targets)]
         return _Samples(self._reader.paths, self._reader.labels)
 

@@ -1,7 +1,7 @@
 """What a resumed epoch is rebuilt from: its order, its per-sample seeds, and the dataset's identity.
 
 Owns: the world-independent epoch order and its segments (the elastic rule below), per-sample
-augmentation seeds (``mix_seed``, ``SampleIndex``, ``seeded_get``), snapshots of torch's RNG
+augmentation seeds (``SampleIndex``, ``seeded_get``; ``mix_seed`` is ``_shard_order.py``'s), snapshots of torch's RNG
 states, and the dataset identity a state is checked against. Pure arithmetic over torch's own
 samplers and generators: no state format (``state.py``), no iterators (``_resume_iter.py``).
 
@@ -32,25 +32,11 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
+from fastload.load._shard_order import mix_seed  # re-exported: the loaders' seeds come from here
 from fastload.load.transforms import is_preset
 
 __all__ = ["mix_seed", "SampleIndex", "seeded_get", "uses_fastload_preset", "dataset_identity", "files_identity",
            "rng_snapshot", "rng_restore", "global_order", "segment"]
-
-_MASK = (1 << 64) - 1
-
-
-def mix_seed(*parts: int) -> int:
-    """A 63-bit seed from integers (splitmix64 over each part): cheap, well mixed, stable."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (int(p) & _MASK)) & _MASK
-        x = (x + 0x9E3779B97F4A7C15) & _MASK
-        z = x
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-        x = z ^ (z >> 31)
-    return x >> 1
 
 
 class SampleIndex(int):

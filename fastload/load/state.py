@@ -406,12 +406,16 @@ def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None,
 
 
 def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,
-                     batch_size: int, world: int) -> dict:
+                     batch_size: int, world: int, shards: dict | None = None) -> dict:
     """Validate a ``DALILoader`` state (format ``fastload.DALILoader``); return it as a dict.
+
+    ``shards``: how the loader orders an epoch (None: one global permutation; ``{"window": w}``:
+    by shards); a state without the field was saved by a loader that ordered globally.
 
     Raises:
         ResumeStateError: not such a state, a newer version, corrupt, or saved for another
-            source kind, store/tree, seed, shuffle, batch size, or (folder) world size.
+            source kind, store/tree, seed, shuffle, order (global or by shards, window), batch
+            size, or (folder) world size.
     """
     if not isinstance(sd, Mapping) or sd.get("format") != DALI_STATE_FORMAT:
         got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
@@ -431,6 +435,10 @@ def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None,
                            ("shuffle", shuffle)):
         if sd[field] != current:
             raise mismatch_error(f"the {field}", sd[field], current, hint)
+    if sd.get("shards") != shards:
+        raise mismatch_error("the order (None: global, else by shards)", sd.get("shards"), shards,
+                             "build the DALILoader with the same DALIOptions(order=..., window=...) as the run that "
+                             "saved it (a store in object storage is read by shards unless order='global').")
     if sd["batches"] and sd["batch_size"] != batch_size and source == "folder":
         raise mismatch_error("batch_size", sd["batch_size"], batch_size, "a folder epoch resumes by batch count.")
     if sd["batches"] and sd["batch_size"] != batch_size and sd["order"] is None:

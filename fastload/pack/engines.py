@@ -4,7 +4,8 @@ Owns: the deterministic plan (which source files go to which shard), the engines
 one unit of work (``shard.convert_shard(shard, job) -> ShardResult``: validate, write, compact,
 publish one shard) — ``local``: shard after shard, each on today's crash-isolated process pool;
 ``ray``: one plain Ray task per shard, ``max_retries`` — resume, and the plan and manifest,
-the manifest written last.
+the manifest written last (after ``samples.json.gz``, every sample's label and path, built by the
+driver from what each shard reports, so its bytes do not depend on the engine either).
 
 Guarantees, whatever the engine, worker count or retry history:
 
@@ -45,7 +46,8 @@ from fastload.pack.sources import Source, open_any_source
 from fastload.pack.work import PrepareOptions
 from fastload.store import format as fmt
 from fastload.store import remote
-from fastload.store.manifest import MANIFEST_NAME, MANIFEST_VERSION, PLAN_NAME, SHARD_FILE, Manifest, ShardEntry
+from fastload.store.manifest import (MANIFEST_NAME, MANIFEST_VERSION, PLAN_NAME, SAMPLES_NAME, SHARD_FILE, Manifest,
+                                     ShardEntry, samples_object)
 
 __all__ = ["EngineOptions", "ShardSpec", "ShardJob", "ShardResult", "plan_shards", "convert_shard",
            "convert_sharded", "ENGINES", "parse_size"]
@@ -146,14 +148,15 @@ def _read_text(dst: str, name: str) -> str | None:
     return p.read_text() if p.is_file() else None
 
 
-def _write_text(dst: str, name: str, text: str) -> None:
+def _write_text(dst: str, name: str, text: str | bytes) -> None:
+    data = text.encode() if isinstance(text, str) else text
     if remote.is_remote(dst):
-        remote.put_bytes(remote.RemoteLocation.parse(dst).child(name), text.encode())
+        remote.put_bytes(remote.RemoteLocation.parse(dst).child(name), data)
         return
     Path(dst).mkdir(parents=True, exist_ok=True)
     tmp = Path(dst) / f".{name}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())  # the bytes are on disk before the name points at them
     os.replace(tmp, Path(dst) / name)
@@ -168,7 +171,7 @@ def _remove_stale_tmp(dst: str) -> None:
     for p in Path(dst).iterdir():
         if p.name.startswith(".shard-") and p.name.endswith(".tmp") and p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
-        elif p.name in (f".{PLAN_NAME}.tmp", f".{MANIFEST_NAME}.tmp"):
+        elif p.name in (f".{PLAN_NAME}.tmp", f".{MANIFEST_NAME}.tmp", f".{SAMPLES_NAME}.tmp"):
             p.unlink(missing_ok=True)
 
 
@@ -329,7 +332,8 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
         bar.close()
 
     ordered = [results[i] for i in range(len(shards))]
-    manifest = _manifest(ordered, src.classes, record, source_desc)
+    samples, manifest = _manifest(ordered, src.classes, record, source_desc)
+    _write_text(dst, SAMPLES_NAME, samples)  # before the manifest that names it
     _write_text(dst, MANIFEST_NAME, manifest.to_json())  # last: the store is complete from here on
     _fill_from_manifest(report, manifest)
     _name_salvaged(report, f"{dst}/{MANIFEST_NAME} (counts.salvaged)")
@@ -343,7 +347,8 @@ def _cpus() -> int:
     return available_cpus()
 
 
-def _manifest(results: list[ShardResult], classes: list[str], record: dict, source: dict) -> Manifest:
+def _manifest(results: list[ShardResult], classes: list[str], record: dict, source: dict) -> tuple[bytes, Manifest]:
+    """The samples object's bytes and the manifest that names it."""
     entries, start = [], 0
     canon: Counter = Counter()
     reenc: Counter = Counter()
@@ -372,7 +377,13 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
               "lossy": {"count": psnr_count, "psnr_min": min(psnr_min) if psnr_min else None},
               "bytes": sum(r.header["bytes"] for r in results),
               "salvaged": salvaged, "decoder_warnings": decoder_warnings}
-    return Manifest(MANIFEST_VERSION, tuple(entries), tuple(classes), start, dict(record, source=source), counts)
+    for r in results:
+        if len(r.labels) != r.stored or len(r.paths) != r.stored:
+            raise ConvertError(f"{r.name}: {r.stored} samples stored but {len(r.labels)} labels and {len(r.paths)} "
+                               "paths reported for it; the manifest was not written.\nHINT: rerun the same command.")
+    samples, entry = samples_object([x for r in results for x in r.labels], [p for r in results for p in r.paths])
+    return samples, Manifest(MANIFEST_VERSION, tuple(entries), tuple(classes), start, dict(record, source=source),
+                             counts, entry)
 
 
 def _fill_from_manifest(report: ConvertReport, manifest: Manifest) -> None:

@@ -79,6 +79,8 @@ class ShardResult:
     sha256: str
     header: dict[str, Any] = field(repr=False, default_factory=dict)
     published: bool = True  # False: found already published by an earlier run
+    labels: list[int] = field(repr=False, default_factory=list)  # per stored sample, for the samples object
+    paths: list[str] = field(repr=False, default_factory=list)
 
 
 def _sha256(path: Path) -> str:
@@ -177,7 +179,8 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
             env.close()
         data = packed / SHARD_FILE
         result = ShardResult(shard.index, shard.name, len(shard.files), header["count"], data.stat().st_size,
-                             _sha256(data), header)
+                             _sha256(data), header, labels=[x for c in chunks for x in c.labels],
+                             paths=[p for c in chunks for p in c.paths])
         publish(data, job.dst, shard.name)
         return result
     finally:
@@ -252,7 +255,7 @@ def describe_published(dst: str, name: str, index: int, files: int) -> ShardResu
             meta = read_meta(env, folder)
         release(folder)
         return ShardResult(index, name, files, meta.count, data.stat().st_size, _sha256(data), meta.header,
-                           published=False)
+                           published=False, labels=meta.labels.tolist(), paths=list(meta.paths))
 
 
 def fsync_dir(folder: Path) -> None:

@@ -7,7 +7,8 @@ rank file (``probe-rank<R>-<pid>.json``) written at exit, on SIGTERM, on Ctrl-C 
 ``--steps``/``--seconds`` is reached; the append-only ``steps-rank<R>-<pid>.jsonl`` (one
 unbuffered write per finished step) that an abrupt end (``os._exit``, SIGKILL, an OOM kill)
 leaves behind; the check of ``num_workers="auto"`` given to torch's own DataLoader; and
-``--verify-fix``'s options set on the training loader (``FASTLOAD_PROFILE_APPLY``).
+``--verify-fix``'s changes made to the training loader (``FASTLOAD_PROFILE_APPLY``: options set on it, or
+the uint8 presets swapped in by ``_uint8.py``, whose batch conversion runs inside the timed ``next()``).
 Per-sample timing inside the dataset and psutil sampling of the DataLoader workers live in
 ``_samples.py``.
 
@@ -43,7 +44,10 @@ ENV_REPLAY = "FASTLOAD_PROFILE_REPLAY"
 ENV_KINETO = "FASTLOAD_PROFILE_KINETO_STEPS"
 ENV_BUDGET = "FASTLOAD_PROFILE_SECONDS"
 ENV_APPLY = "FASTLOAD_PROFILE_APPLY"
-APPLICABLE = ("num_workers", "pin_memory")  #: what ``--verify-fix`` can set on a loader from outside
+#: what ``--verify-fix`` can change on a loader from outside: two options, and the uint8 presets on a torchvision
+#: ImageFolder (``_uint8.py``: the dataset's transform translated, the batches converted back to what the loop had)
+APPLICABLE = ("num_workers", "pin_memory", "uint8_presets")
+LOADER_OPTIONS = ("num_workers", "pin_memory")
 
 _HERE = str(Path(__file__).resolve().parent)
 MAX_EVENT_STEPS = 20_000  #: hand-off CUDA event pairs kept per loader
@@ -271,6 +275,9 @@ class Recorder:
         self.seconds_limit = seconds  # measured seconds, then the command is ended (None: no time budget)
         self.apply = apply or {}  # --verify-fix: {"key": training loader key, "num_workers": N, ...}
         self.applied: dict[str, Any] = {}
+        self.not_applied: dict[str, str] = {}  # what --verify-fix could not change, and why
+        self._batch_wraps: dict[int, Any] = {}  # id(loader) -> its iterator's wrap (the uint8 presets)
+        self._apply_done = False
         self._log_fd: int | None = None
         self.replay_key, self.replay_batches = replay_key, max(1, min(warmup, 32))
         self.kineto_steps = kineto_steps
@@ -325,9 +332,10 @@ class Recorder:
 
     def apply_to(self, loader: Any) -> None:
         """``--verify-fix``: set the recommended loader options on the training loader before it starts."""
-        if self.apply.get("key") != self.track_for(loader).key or self.applied:
+        if self._apply_done or self.apply.get("key") != self.track_for(loader).key:
             return
-        for name in APPLICABLE:
+        self._apply_done = True
+        for name in LOADER_OPTIONS:
             if name in self.apply and hasattr(loader, name):
                 value = self.apply[name]
                 if name == "num_workers":
@@ -339,7 +347,19 @@ class Recorder:
                             object.__setattr__(loader, "persistent_workers", False)
                 setattr(loader, name, value)
                 self.applied[name] = value
-        self.track_for(loader).meta.update(self.applied)
+        self.track_for(loader).meta.update({k: v for k, v in self.applied.items() if k in LOADER_OPTIONS})
+        if self.apply.get("uint8_presets"):
+            from fastload.profiling import _uint8
+
+            try:
+                self.applied["uint8_presets"], self._batch_wraps[id(loader)] = _uint8.apply(loader)
+            except _uint8.NotTranslatable as exc:
+                self.not_applied["uint8_presets"] = str(exc)
+
+    def batches(self, loader: Any, iterator: Any) -> Any:
+        """``iterator`` as the user's loop gets it: wrapped where ``--verify-fix`` changed its batches."""
+        wrap = self._batch_wraps.get(id(loader))
+        return iterator if wrap is None else wrap(iterator)
 
     # -- per call -------------------------------------------------------------------------
     def annotate(self):
@@ -396,7 +416,7 @@ class Recorder:
                 "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1),
                 "cpus": asdict(cpu_budget()), "warmup": self.warmup, "steps_limit": self.steps_limit,
                 "seconds_limit": self.seconds_limit, "headspace": self.replay_key is not None,
-                "applied": self.applied}
+                "applied": self.applied, "not_applied": self.not_applied}
 
     def cuda_event(self) -> Any:
         """A CUDA event recorded on the current stream now, or None without CUDA work in this process."""
@@ -551,7 +571,7 @@ def _patch_dataloader(*_: Any) -> None:
         if rec.apply:
             rec.apply_to(self)
         _samples.prepare_loader(self, rec.out)
-        return rec.wrap(self, original(self))
+        return rec.wrap(self, rec.batches(self, original(self)))
 
     @functools.wraps(original_init)  # inspect.signature(DataLoader) stays torch's
     def __init__(self, *args, **kwargs):
@@ -588,7 +608,7 @@ def _patch_thread_backend(*_: Any) -> None:
         if rec.apply:
             rec.apply_to(self)
         _samples.prepare_loader(self, rec.out)
-        return rec.wrap(self, original(self))
+        return rec.wrap(self, rec.batches(self, original(self)))
 
     functools.update_wrapper(__iter__, original)
     __iter__._fastload_profile = True  # type: ignore[attr-defined]

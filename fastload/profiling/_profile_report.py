@@ -159,6 +159,7 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
         "step_stats": {"n": len(steps), "mean_s": mean, "sd_s": sd,
                        "wait_mean_s": wait / len(steps) if steps else 0.0},
         "step_cpu": step_cpu, "applied": probe.get("applied") or {},
+        "not_applied": probe.get("not_applied") or {},
         "seconds_limit": probe.get("seconds_limit"),
         "data_wait_fraction": wait_fraction, "compute_fraction": 1.0 - wait_fraction,
         "percentiles_ms": {"step": {k: v * 1e3 for k, v in percentiles([s[2] for s in steps]).items()},
@@ -279,6 +280,8 @@ def format_summary(s: dict[str, Any]) -> str:
     v = s.get("verify_fix")
     if v and "skipped" in v:
         lines.append(f"verify-fix: skipped: {v['skipped']}")
+    elif v and v.get("failed"):
+        lines.append(f"verify-fix: FAILED: {v['change']}: {v['failed']}")
     elif v and v.get("not_applied"):
         lines.append(f"verify-fix: NOT APPLIED: {v['change']}: {v['not_applied']}")
     elif v:
@@ -286,11 +289,15 @@ def format_summary(s: dict[str, Any]) -> str:
         rounds = ", ".join(f"{r:.2f}x" for r in v["round_ratios"])
         judged = ("outside the noise" if v["outside_noise"] else "within the noise: the change is not shown to "
                   "matter" if v["outside_noise"] is False else "noise unknown")
-        lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: predicted "
-                     f"{v['predicted']:.2f}x, measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
+        predicted = ("no prediction" if v["predicted"] is None else "predicted "
+                     + ("up to " if v.get("predicted_is_bound") else "") + f"{v['predicted']:.2f}x")
+        lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: {predicted}, "
+                     f"measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
                      f"rounds (each {rounds}; baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "
                      + "/".join(f"{x:.1f}" for x in changed) + f" images/s; run-to-run noise +/-{v['noise'] or 0:.2f}: "
                      + judged + f"); {v['profile']}")
+        if v.get("assumption"):
+            lines.append(f"  predicted with: {v['assumption']}")
     if s.get("headspace"):
         h = s["headspace"]
         lines.append(f"headspace: {h['images_per_s']:.1f} images/s with batches replayed from memory "

@@ -17,7 +17,10 @@ the predicted step is the ``t`` where
 i.e. no faster than the step, than N workers deliver, than the CPUs can do both; and a
 multi-threaded step (``k > 1``) slows down when busy workers take CPUs it was using: an
 OpenMP region runs at the pace of its slowest thread, so a CPU a worker takes even in part is
-lost to the step. In the main process (``N = 0``) the step is ``c + t_b``. Every worker count
+lost to the step. That term is optimistic: beside busy workers such a step also waits for its threads at
+every parallel region (a 17 ms 2-thread step ran 3x longer on a quiet 2-CPU machine), by an amount the
+profile cannot see, so a worker count whose workers would share the step's CPUs (``k >= 1.2`` and ``k`` plus
+the workers' CPU load over ``P``) gets its figure as an upper bound ("up to"), not a prediction. In the main process (``N = 0``) the step is ``c + t_b``. Every worker count
 from 0 up to the plan's (more where samples mostly block on I/O) is predicted; the
 recommendation is the plan's count ("auto") when it is within 2% of the best, else the fewest
 workers within 2% of the best, and only when it gains 5%; when no count gains and the step
@@ -32,6 +35,16 @@ and this process's CPUs with the training loop, which the worker model (processe
 no gain is predicted for a thread count, and the other changes carry only their upper bound
 (``bound``). The figures and the assumptions behind them (the CPUs available are the affinity/quota
 count, other users' load is not subtracted) are in docs/profile-advice.md.
+
+The uint8 presets as ``--verify-fix`` applies them (alone, at today's worker count: ``s["uint8_presets"]``)
+have two predictions, one per place the normalising can run: on the CUDA device, where it is taken as
+free (``t_b`` and ``t_cpu`` lose the ToTensor/Normalize share); or, without CUDA in the training
+process, in that process after each batch arrives: the float share of a batch, ``t_b × share``, is
+taken to cost the same there and is added to the step's own time ``c`` (one CPU busy), while the
+samples lose it. Both are ratios of the model's steps at today's worker count (new over today's), so
+its error at today's point cancels: with 0 workers the main-process variant is the same work in the
+same process, 1.0x. The verify output prints the one for where the rerun normalised
+(``verify_prediction``).
 
 Must not: run anything, import torch.
 """
@@ -50,6 +63,13 @@ PARTS = {"read": "opening files (PIL Image.open) or reading the store", "decode"
          "other": "the dataset's own code outside reads, decodes and transforms"}
 FASTLOAD_DATASETS = ("fastload.load.dataset.LMDBImageDataset",)  #: already read from a store: no convert advice
 STORAGE_BOUND = 0.30  #: download wait at least this share of sample time, and its largest part: storage-bound
+#: the training loader's dataset classes --verify-fix can swap the uint8 presets into (``_uint8.py`` checks the rest)
+FOLDER_DATASETS = ("torchvision.datasets.folder.ImageFolder", "torchvision.datasets.folder.DatasetFolder",
+                   "torch.utils.data.dataset.Subset")
+UINT8_CHANGE = "train_transform + collate_uint8 + DevicePrefetcher (uint8 to the device, normalise there)"
+UINT8_ASSUMPTION = ("normalised in the training process after each batch (no CUDA there): taken to cost what "
+                    "ToTensor/Normalize measured per sample, now in the step; fastload's own decode and crop are "
+                    "taken to cost what torchvision's did")
 
 
 def predict_step(n: int, *, c: float, tb: float, tcpu: float, cpus: int, step_cores: float = 0.0) -> float:
@@ -81,17 +101,43 @@ def predict_step(n: int, *, c: float, tb: float, tcpu: float, cpus: int, step_co
     return hi
 
 
-def change_to_verify(s: dict[str, Any]) -> dict[str, Any] | None:
+def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, Any] | None:
     """What ``--verify-fix`` applies: the top recommendation fastload can apply from outside, else (nothing
-    to apply, e.g. CPU-bound training) the worker count a user would try, with its predicted ratio."""
+    to apply, e.g. CPU-bound training) the worker count a user would try, with its predicted ratio.
+
+    ``only`` (``--verify-change``): the top recommendation that changes that (``num_workers``, ``pin_memory``,
+    ``uint8_presets``), else its prediction (a worker count, or the uint8 presets on their own).
+    """
     for r in s["recommendations"]:
-        if r.get("apply"):
-            return {**r, "verify_why": "the top recommendation that can be applied from outside"}
+        if r.get("apply") and (only is None or only in r["apply"]):
+            return {**r, "verify_why": "the top recommendation that can be applied from outside" if only is None
+                    else f"the top recommendation that changes {only}"}
+    if only == "uint8_presets" and s.get("uint8_presets"):
+        u = s["uint8_presets"]
+        return {"change": UINT8_CHANGE, "stage": "fast", "apply": {"uint8_presets": True}, "verify_gain": u,
+                "expected_gain": u["device"] if u["device"] is not None else u["main process"],
+                "verify_why": "asked for (--verify-change) though not recommended: checking its prediction"}
+    if only not in (None, "num_workers"):
+        return None
     for p in s.get("predictions", []):
-        if p.get("apply") and p["apply"].get("num_workers") != s["loader"]["num_workers"]:
+        if "num_workers" in p.get("apply", {}) and p["apply"]["num_workers"] != s["loader"]["num_workers"]:
             return {**p, "verify_why": "no recommendation to apply: checking the prediction that this worker "
-                                       "count does not help"}
+                                       "count does not help" if only is None else
+                                       "asked for (--verify-change) though not recommended: checking its prediction"}
     return None
+
+
+def verify_prediction(pick: dict[str, Any], applied: dict[str, Any]) -> tuple[float | None, str | None]:
+    """The predicted ratio for what the rerun applied, and the assumption behind it (None: the usual model).
+
+    The uint8 presets have two: normalised on the CUDA device, or in the training process (no CUDA there).
+    """
+    variants, done = pick.get("verify_gain"), applied.get("uint8_presets")
+    if not variants or not isinstance(done, dict):
+        return pick["expected_gain"], None
+    if done.get("normalise") == "main process":
+        return variants["main process"], UINT8_ASSUMPTION
+    return variants["device"], f"normalised on {done.get('normalise')}: the float conversion is taken as free there"
 
 
 def _workers_value(n: int, plan_workers: int) -> Any:
@@ -206,8 +252,17 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
         # the measured step is the reference for the current worker count (the model would only add its error)
         ratio = ({w_now: 1.0} if threads else
                  {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)})
+        # a multi-threaded step whose CPUs busy workers would share: its threads wait for each other at every
+        # parallel region while a worker holds one of their CPUs, which costs more than the pace-of-the-slowest
+        # term above (measured on a quiet 2-CPU machine: a 17 ms 2-thread step ran 3x longer beside 2 busy
+        # workers, and 2 workers gave 1.29x where the model said 1.73x; docs/profile-advice.md). How much more
+        # depends on how many parallel regions a step has, which the profile does not see: such a worker
+        # count's figure is an upper bound, not a prediction
+        def shares_step_cpus(n: int) -> bool:
+            return n > 0 and cores >= 1.2 and cores + min(n, tcpu * ratio[n] / T) > cpus + 0.05
         s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
-                             "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers"}
+                             "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers",
+                             **({"bound": True} if shares_step_cpus(n) else {})}
                             for n, g in sorted(ratio.items(), key=lambda kv: kv[0] != plan_workers)
                             if n != w_now]  # the plan's count first: the one a user would try
         # within 2% of the best: the plan's count ("auto", which leaves its headroom), else the fewest (more
@@ -238,8 +293,13 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             if io_bound and best > cpus:
                 why += (f"; samples spend {samples.get('blocked_share', 1 - share):.0%} of their time blocked "
                         f"(I/O, sleep), so workers beyond the {cpus} CPUs overlap the waiting")
+            if shares_step_cpus(best):
+                why += (f"; an upper bound: the step's {cores:.1f} threads would share CPUs with busy workers, and "
+                        "a multi-threaded step then waits for its threads at every parallel region (check with "
+                        f"--verify-fix); torch.set_num_threads({max(1, cpus - best)}) in the script keeps the step "
+                        "off the workers' CPUs")
             recs.append({"change": change, "stage": "workers", "why": why, "expected_gain": ratio[best],
-                         "apply": {"num_workers": best},
+                         "apply": {"num_workers": best}, **({"bound": True} if shares_step_cpus(best) else {}),
                          "code": _code(created, {"num_workers": value})})
         elif cores >= 0.75 and best_gain < 1.05 and not threads:
             tried = max(w_now + 1, plan_workers)
@@ -259,14 +319,34 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                          "expected_gain": gain(tb * (1 - parts["read"]), tcpu * (1 - parts["read"]), n_after),
                          "code": store_snippet(created)})
         floats = samples["float_transform_share"]
+        tb_u8, tcpu_u8 = tb * (1 - floats), tcpu * (1 - floats)
+        if floats > 0:
+            # the uint8 presets alone at today's worker count, as --verify-fix applies them: normalised on the
+            # device (free there), or, without CUDA in the process, in the training process after each batch,
+            # taken to cost what ToTensor/Normalize cost in the samples (UINT8_ASSUMPTION)
+            # (relative to the model's own step at today's count, so that its error there cancels: the same work
+            # moved within one process is 1.0x, not the model's error)
+            moved = tb * floats
+            host = device = None
+            if threads:
+                device = gain(tb_u8, tcpu_u8, (w_now,)) if has_gpu else None  # a bound only (no thread model)
+            else:
+                now = step_time(w_now)
+                t_host = predict_step(w_now, c=c + moved, tb=tb_u8, tcpu=tcpu_u8, cpus=cpus,
+                                      step_cores=(c * cores + moved) / (c + moved))
+                host = min(load_cap, cpu_cap(tb_u8), now / t_host)
+                if has_gpu:
+                    device = min(load_cap, cpu_cap(tb_u8), now / step_time(w_now, tb_u8, tcpu_u8))
+            s["uint8_presets"] = {"float_transform_share": floats, "main process": host, "device": device}
         if floats >= 0.10:
-            recs.append({"change": "train_transform + collate_uint8 + DevicePrefetcher (uint8 to the device, "
-                                   "normalise there)", "stage": "fast",
-                         "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
-                                "4x the bytes through worker queues)"
-                                + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
-                         "expected_gain": gain(tb * (1 - floats), tcpu * (1 - floats), n_after)
-                         if has_gpu else 1.0, "code": uint8_snippet(created)})
+            rec = {"change": UINT8_CHANGE, "stage": "fast",
+                   "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
+                          "4x the bytes through worker queues)"
+                          + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
+                   "expected_gain": gain(tb_u8, tcpu_u8, n_after) if has_gpu else 1.0, "code": uint8_snippet(created)}
+            if loader.get("dataset") in FOLDER_DATASETS:  # --verify-fix can swap it in (_uint8.py)
+                rec.update(apply={"uint8_presets": True}, verify_gain=s["uint8_presets"])
+            recs.append(rec)
         if has_gpu and saturated and parts["decode"] >= 0.25:
             cut = parts["decode"] + floats
             recs.append({"change": 'DALILoader(device="gpu") (nvJPEG decode on the GPU)', "stage": "dali-gpu",

@@ -23,8 +23,9 @@ The command runs in its own process group: SIGTERM, SIGINT and SIGHUP sent to ``
 profile`` are passed to that group (the script, its DataLoader workers, torchrun's ranks), which
 gets ``GRACE_S`` to end before it is killed; what was measured is then written all the same, and
 ``fastload profile`` exits with the command's status. ``--verify-fix`` reruns the command with the
-top change applied to the training loader from outside (``_probe.APPLICABLE``) and compares
-(``_profile_compare.py``).
+top change applied to the training loader from outside (``_probe.APPLICABLE``; the uint8 presets on a
+torchvision ImageFolder: ``_uint8.py``) and compares (``_profile_compare.py``) with the prediction for
+what the rerun applied (``_recommend.verify_prediction``).
 
 Must not: edit the user's files, import torch at import time, or print (the CLI prints).
 """
@@ -64,7 +65,10 @@ class ProfileOptions:
         seconds: measured seconds after warm-up, then the command is ended (None: no time budget); with
             the default a profile ends in well under a minute.
         verify_fix: rerun the command with the top applicable recommendation applied from outside
-            (worker count, pin_memory) and report predicted vs measured.
+            (worker count, pin_memory, the uint8 presets on a torchvision ImageFolder) and report predicted
+            vs measured.
+        verify_change: with ``verify_fix``, verify this change instead of the top one (one of
+            ``_probe.APPLICABLE``): the top recommendation that makes it, else its prediction.
         warmup: steps not measured (worker start-up, cudnn autotuning, caches).
         headspace: rerun with the training loader replaying its first batches from memory.
         kineto_steps: on CUDA, steps traced with torch.profiler (0: no GPU timeline).
@@ -79,8 +83,11 @@ class ProfileOptions:
     kineto_steps: int = 20
     tensorboard: Path | None = None
     verify_fix: bool = False
+    verify_change: str | None = None
 
     def __post_init__(self) -> None:
+        if self.verify_change is not None and self.verify_change not in _probe.APPLICABLE:
+            raise ValueError(f"verify_change must be one of {_probe.APPLICABLE} or None, got {self.verify_change!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1 or None, got {self.steps}")
         if self.seconds is not None and not self.seconds > 0:
@@ -318,10 +325,13 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
     """
     from fastload.profiling._profile_compare import compare_rounds
 
-    pick = _recommend.change_to_verify(summary)
+    pick = _recommend.change_to_verify(summary, options.verify_change)
     if pick is None:
-        return {"skipped": "no recommendation can be applied from outside the script (only the worker count "
-                           "and pin_memory can): apply it by hand and compare with `fastload profile compare`"}
+        if options.verify_change:
+            return {"skipped": f"no recommendation or prediction changes {options.verify_change} here"}
+        return {"skipped": "no recommendation can be applied from outside the script (only the worker count, "
+                           "pin_memory and the uint8 presets on a torchvision ImageFolder can): apply it by hand "
+                           "and compare with `fastload profile compare`"}
     vdir = out / "verify"
     vdir.mkdir(exist_ok=True)
     vopts = ProfileOptions(steps=options.steps, seconds=options.seconds, warmup=options.warmup, kineto_steps=0)
@@ -331,34 +341,66 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
         folder.mkdir(exist_ok=True)
         _clear(folder)
         rc, _ = _run_child(command, _child_env(folder, vopts, None, change))
-        _, result = summarize_dir(folder)
-        result["exit_status"] = exit_status(rc)
+        try:
+            _, result = summarize_dir(folder)
+        except ProfileError as exc:  # no measured step: a run that failed early, judged by failed() below
+            result = {"ended": "exit", "steps": 0, "error": str(exc).splitlines()[0]}
+        result["exit_status"], result["out"] = exit_status(rc), str(folder)
         (folder / "profile.json").write_text(json.dumps(result, indent=1))
         return result
 
     base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
-            "predicted": pick["expected_gain"], "profile": str(vdir / "profile.json")}
+            "predicted": pick["expected_gain"], "predicted_is_bound": bool(pick.get("bound")),
+            "profile": str(vdir / "profile.json")}
+    def failed(result: dict[str, Any], which: str) -> dict[str, Any] | None:
+        """A rerun that ended on its own with a failure status is no measurement of the change."""
+        if result.get("steps", 0) == 0 and result["exit_status"] == 0:
+            return {**base, "applied": {}, "measured": None, "outside_noise": None,
+                    "failed": f"the {which} run measured no steps ({result.get('error', result['out'])}): nothing is "
+                              "compared"}
+        if result["exit_status"] == 0 or result.get("ended") not in ("exit", "abrupt"):
+            return None
+        return {**base, "applied": result.get("applied", {}), "measured": None, "outside_noise": None,
+                "failed": f"the {which} run exited with status {result['exit_status']} after {result.get('steps', 0)} "
+                          f"measured steps ({result.get('out', '')}): nothing is compared. Run the command with the "
+                          "change by hand to see its error"}
+
     changed = rerun(vdir, apply)
+    if (bad := failed(changed, "changed")) is not None:
+        return bad
     applied = changed.get("applied", {})
-    if applied != pick["apply"]:
-        missing = {k: v for k, v in pick["apply"].items() if applied.get(k) != v}
+    missing = {k: v for k, v in pick["apply"].items() if not _was_applied(v, applied.get(k))}
+    if missing:
+        reasons = changed.get("not_applied") or {}
+        why = "; ".join(f"{k}: {reasons[k]}" for k in missing if k in reasons)
         return {**base, "applied": applied, "measured": None, "outside_noise": None,
-                "not_applied": f"{_describe(missing)} could not be set on the training loader "
-                               f"{summary['loader']['key']} from outside the script (fastload sets it where the "
-                               "loader's iterator is made by torch's or fastload's DataLoader; a loader wrapped by "
-                               "watch() or rebuilt by a framework is out of reach): nothing was changed, so "
-                               "nothing is measured. Apply it by hand and compare the two runs with "
-                               "`fastload profile compare A/profile.json B/profile.json`"}
+                "not_applied": f"{_describe(missing)} could not be " + (f"applied: {why}. " if why else (
+                    f"set on the training loader {summary['loader']['key']} from outside the script (fastload sets "
+                    "it where the loader's iterator is made by torch's or fastload's DataLoader; a loader wrapped "
+                    "by watch() or rebuilt by a framework is out of reach): ")) + "nothing was changed, so nothing "
+                    "is measured. Apply it by hand and compare the two runs with "
+                    "`fastload profile compare A/profile.json B/profile.json`"}
+    base["predicted"], assumption = _recommend.verify_prediction(pick, applied)
+    if assumption:
+        base["assumption"] = assumption
     pairs = [(summary, changed)]
     for i in range(2, VERIFY_ROUNDS + 1):
         pairs.append((rerun(vdir / f"round{i}-baseline", None), rerun(vdir / f"round{i}-changed", apply)))
+        for result, which in zip(pairs[-1], (f"round-{i} baseline", f"round-{i} changed")):
+            if (bad := failed(result, which)) is not None:
+                return bad
     judged = compare_rounds(pairs)
     measured = judged["ratio"]
     return {**base, "applied": applied, "measured": measured,
-            "error": measured / base["predicted"] - 1.0 if base["predicted"] else None,
+            "error": measured / base["predicted"] - 1.0 if base["predicted"] and measured else None,
             "outside_noise": judged["outside_noise"], "noise": judged["noise"],
             "round_ratios": judged["round_ratios"], "baseline_drift": judged["baseline_drift"],
             "images_per_s": [[a["images_per_s"] for a, _ in pairs], [b["images_per_s"] for _, b in pairs]]}
+
+
+def _was_applied(wanted: Any, done: Any) -> bool:
+    """An option set to the value asked, or a change asked with ``True`` that the probe describes (a dict)."""
+    return done == wanted or (wanted is True and isinstance(done, dict))
 
 
 def _describe(changes: dict[str, Any]) -> str:

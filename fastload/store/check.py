@@ -306,8 +306,9 @@ def report_json(report: VerifyReport) -> str:
 def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[tuple[str, str]]]:
     """Check every shard object of a sharded store in object storage against its manifest.
 
-    Each ``shard-*/data.mdb`` object must exist, have the manifest's size and sha256. Records
-    and decoders are checked by ``verify_store`` once the store is read through the node cache.
+    Each ``shard-*/data.mdb`` object must exist, have the manifest's size and sha256, and so must
+    ``samples.json.gz`` (format 2: every label and path; its content must fit the manifest).
+    Records and decoders are checked by ``verify_store`` once the store is read through the node cache.
 
     Returns:
         ``(shards checked, [(shard object URL, what is wrong)])``.
@@ -323,7 +324,8 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
     from tqdm import tqdm
 
     from fastload.store import remote
-    from fastload.store.manifest import MANIFEST_NAME, SHARD_FILE, Manifest
+    from fastload.errors import ManifestError
+    from fastload.store.manifest import MANIFEST_NAME, SAMPLES_NAME, SHARD_FILE, Manifest, parse_samples
 
     base = remote.RemoteLocation.parse(url)
     murl = base.child(MANIFEST_NAME)
@@ -355,4 +357,13 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
             if h.hexdigest() != entry.sha256:
                 problems.append((str(obj), f"sha256 {h.hexdigest()[:16]}... differs from the manifest's "
                                            f"{entry.sha256[:16]}... (the object is corrupted)"))
+    if manifest.samples is not None:
+        obj = base.child(SAMPLES_NAME)
+        if remote.head(obj) is None:
+            problems.append((str(obj), "missing: the labels object was deleted"))
+        else:
+            try:
+                parse_samples(remote.get_bytes(obj), manifest, where=str(obj))
+            except ManifestError as exc:
+                problems.append((str(obj), str(exc).split("\nHINT")[0].removeprefix(f"{obj}: ")))
     return len(manifest.shards), problems

@@ -8,11 +8,21 @@ Layout of a sharded store, identical on a local disk and in a bucket::
     DST/plan.json                            what is being converted (source, options, shard plan);
                                              written first, so a rerun can resume or refuse
     DST/shard-IIIII-of-KKKKK/data.mdb        one complete, compacted LMDB store per shard
+    DST/samples.json.gz                      every sample's label and relative path (format 2), so
+                                             ``targets`` / ``samples`` cost one small GET, no shard
     DST/manifest.json                        written last: a DST without it is incomplete everywhere
 
 Shard ``i`` holds the global samples ``[start, start + count)``; sample ``j`` of the store is
 sample ``j - start`` of the shard that holds it. ``sha256`` and ``bytes`` are those of the
 shard's ``data.mdb`` file, so a copy can be checked without opening LMDB.
+
+Versions: 1 — shards, classes, options, counts. 2 — adds ``samples``: ``{"name":
+"samples.json.gz", "bytes", "sha256", "count"}``, the object beside the manifest that holds
+``{"labels": [...], "paths": [...]}`` for all samples in store order (gzip'd JSON, written
+byte-identically whatever engine or worker count produced the shards: ``samples_object``).
+A version-1 manifest has no ``samples``: readers then take labels and paths from the shards
+(downloading them). The object is checked against its size and sha256 and its content
+against the manifest (``parse_samples``) before any of it is used.
 
 Must not: open files or talk to a network (``remote.py`` and ``pack/`` do).
 """
@@ -26,12 +36,14 @@ from typing import Any
 
 from fastload.errors import ManifestError
 
-__all__ = ["MANIFEST_NAME", "PLAN_NAME", "SHARD_FILE", "MANIFEST_VERSION", "ShardEntry", "Manifest"]
+__all__ = ["MANIFEST_NAME", "PLAN_NAME", "SHARD_FILE", "SAMPLES_NAME", "MANIFEST_VERSION", "ShardEntry",
+           "SamplesEntry", "Manifest", "samples_object", "parse_samples"]
 
 MANIFEST_NAME = "manifest.json"
 PLAN_NAME = "plan.json"
 SHARD_FILE = "data.mdb"
-MANIFEST_VERSION = 1
+SAMPLES_NAME = "samples.json.gz"
+MANIFEST_VERSION = 2
 _SHARD_NAME = re.compile(r"^shard-\d{5}-of-\d{5}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -52,6 +64,19 @@ class ShardEntry:
 
 
 @dataclass(frozen=True)
+class SamplesEntry:
+    """The labels-and-paths object beside the manifest (format 2): its name, size, sha256, sample count."""
+
+    name: str
+    bytes: int
+    sha256: str
+    count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "sha256": self.sha256, "count": self.count}
+
+
+@dataclass(frozen=True)
 class Manifest:
     """What a complete sharded store holds.
 
@@ -62,6 +87,7 @@ class Manifest:
         num_samples: samples in all shards.
         options: the conversion's record options and its source (``options["source"]``).
         counts: the conversion report's counts (``stored``, ``skipped``, ``canonicalised``, ...).
+        samples: the labels-and-paths object (format 2; None in a format-1 manifest).
     """
 
     format_version: int
@@ -70,11 +96,15 @@ class Manifest:
     num_samples: int
     options: dict[str, Any] = field(default_factory=dict)
     counts: dict[str, Any] = field(default_factory=dict)
+    samples: SamplesEntry | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"format_version": self.format_version, "num_samples": self.num_samples,
-                           "classes": list(self.classes), "shards": [s.to_json() for s in self.shards],
-                           "options": self.options, "counts": self.counts}, indent=1, sort_keys=True)
+        d = {"format_version": self.format_version, "num_samples": self.num_samples,
+             "classes": list(self.classes), "shards": [s.to_json() for s in self.shards],
+             "options": self.options, "counts": self.counts}
+        if self.samples is not None:
+            d["samples"] = self.samples.to_json()
+        return json.dumps(d, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes, *, where: str = MANIFEST_NAME) -> Manifest:
@@ -122,7 +152,21 @@ class Manifest:
         total = shards[-1].start + shards[-1].count if shards else 0
         if num < 0 or total != num:
             raise _bad(where, f"num_samples is {num} but the shards hold {total}")
-        return cls(version, tuple(shards), tuple(classes), num, options, counts)
+        samples = None
+        if version >= 2:
+            s = _field(d, "samples", dict, where)
+            kinds = (("name", str), ("bytes", int), ("sha256", str), ("count", int))
+            samples = SamplesEntry(*(_field(s, name, kind, where, "samples.") for name, kind in kinds))
+            if samples.name != SAMPLES_NAME:
+                raise _bad(where, f"samples.name {samples.name!r} is not {SAMPLES_NAME!r}")
+            if not _HEX64.match(samples.sha256):
+                raise _bad(where, "samples.sha256 is not 64 lowercase hex digits")
+            if samples.bytes < 0 or samples.count != num:
+                raise _bad(where, f"samples has {samples.bytes} bytes and {samples.count} samples; expected a "
+                                  f"non-negative size and num_samples ({num})")
+        elif "samples" in d:
+            raise _bad(where, "field 'samples' is not part of format_version 1")
+        return cls(version, tuple(shards), tuple(classes), num, options, counts, samples)
 
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard position, index within that shard)`` of global sample ``index``."""
@@ -135,6 +179,56 @@ class Manifest:
         while self.shards[i].count == 0:  # empty shards share their start with the next one
             i += 1
         return i, index - self.shards[i].start
+
+
+def samples_object(labels: list[int], paths: list[str]) -> tuple[bytes, SamplesEntry]:
+    """The ``samples.json.gz`` bytes for these labels and relative paths (store order), and its entry.
+
+    The same inputs give the same bytes (sorted keys, fixed separators, gzip without a name or
+    a timestamp), so every engine and worker count publishes the same object.
+    """
+    import gzip
+    import hashlib
+
+    if len(labels) != len(paths):
+        raise ValueError(f"{len(labels)} labels but {len(paths)} paths")
+    text = json.dumps({"labels": [int(x) for x in labels], "paths": list(paths)}, sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+    data = gzip.compress(text.encode(), compresslevel=6, mtime=0)
+    return data, SamplesEntry(SAMPLES_NAME, len(data), hashlib.sha256(data).hexdigest(), len(labels))
+
+
+def parse_samples(data: bytes, manifest: Manifest, *, where: str = SAMPLES_NAME) -> tuple[list[int], list[str]]:
+    """``(labels, paths)`` from the ``samples.json.gz`` bytes, checked against ``manifest.samples``.
+
+    Raises:
+        ManifestError: the bytes are not the size or sha256 the manifest names, or their
+            content does not fit the manifest (count, labels outside the classes); names ``where``.
+    """
+    import gzip
+    import hashlib
+
+    entry = manifest.samples
+    if entry is None:
+        raise ValueError("a format-1 manifest has no samples object")
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != entry.bytes or digest != entry.sha256:
+        raise ManifestError(f"{where}: {len(data)} bytes of sha256 {digest[:16]}..., the manifest says {entry.bytes} "
+                            f"bytes of sha256 {entry.sha256[:16]}...: the labels object or the manifest was "
+                            "replaced or damaged; none of it was used.\nHINT: check the store with `fastload "
+                            "verify`; convert the source again into a new DST if it persists.")
+    try:
+        d = json.loads(gzip.decompress(data))
+        labels, paths = d["labels"], d["paths"]
+    except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:
+        raise _bad(where, f"the samples object does not hold labels and paths ({exc})") from None
+    k = len(manifest.classes)
+    if (not isinstance(labels, list) or not isinstance(paths, list) or len(labels) != manifest.num_samples
+            or len(paths) != manifest.num_samples):
+        raise _bad(where, f"the samples object does not hold {manifest.num_samples} labels and paths")
+    if not all(type(x) is int and 0 <= x < k for x in labels) or not all(isinstance(p, str) for p in paths):
+        raise _bad(where, f"the samples object holds a label outside 0..{k - 1} or a path that is not a string")
+    return labels, paths
 
 
 def _bad(where: str, what: str, *, hint: str | None = None) -> ManifestError:

@@ -9,6 +9,9 @@ background prefetch of the shards a sampler says come next.
 
 Labels, relative paths and checksums live in each shard's metadata record, so they are known
 once the shard is here: ``label(i)`` and ``relpath(i)`` download the shard of ``i`` if needed.
+All labels and paths at once (``sample_index()``: ``targets`` / ``samples``) come from the
+manifest's ``samples.json.gz`` (format 2) in one small GET, checked against its sha256; a
+format-1 store has none (None: the caller reads the shards).
 
 Must not: decode, shuffle or decide an order (``load/shards.py`` does), or write to the bucket.
 """
@@ -28,7 +31,7 @@ from fastload.errors import ChecksumError, RemoteStoreError, StoreDamagedError
 from fastload.store import format as fmt
 from fastload.store import remote
 from fastload.store.cache import ShardCache, ShardSpec
-from fastload.store.manifest import MANIFEST_NAME, SHARD_FILE, Manifest
+from fastload.store.manifest import MANIFEST_NAME, SAMPLES_NAME, SHARD_FILE, Manifest, parse_samples
 from fastload.store.reader import open_readonly, read_meta, release
 
 __all__ = ["RemoteStoreReader", "default_cache_dir"]
@@ -102,6 +105,7 @@ class RemoteStoreReader:
         self.prefetch_threads = prefetch_threads
         self.identity = "manifest:" + hashlib.sha1("".join(s.sha256 for s in self.manifest.shards).encode()
                                                    ).hexdigest()[:20]
+        self._samples: tuple[list[int], list[str]] | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -112,12 +116,13 @@ class RemoteStoreReader:
 
     def __getstate__(self) -> dict:  # leases, handles and threads stay in the process that made them
         state = dict(self.__dict__)
-        for k in ("_open", "_lock", "_pool", "_pid"):
+        for k in ("_open", "_lock", "_pool", "_pid", "_samples"):
             state.pop(k, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._samples = None
         self._reset()
 
     def __len__(self) -> int:
@@ -154,13 +159,18 @@ class RemoteStoreReader:
                 release(lease.path)
                 lease.release()
                 raise
+            problem = None
             if meta.count != self.manifest.shards[i].count:
+                problem = f"the shard holds {meta.count} samples, the manifest says {self.manifest.shards[i].count}"
+            elif self._samples is not None:  # labels already handed out from samples.json.gz: they must agree
+                lo, hi = self.offsets[i], self.offsets[i] + meta.count
+                if meta.labels.tolist() != self._samples[0][lo:hi] or list(meta.paths) != self._samples[1][lo:hi]:
+                    problem = f"its labels or paths differ from {SAMPLES_NAME}'s"
+            if problem is not None:
                 release(lease.path)
                 lease.release()
-                raise StoreDamagedError(
-                    f"{spec.url}: the shard holds {meta.count} samples, the manifest says "
-                    f"{self.manifest.shards[i].count}.\nHINT: the store was rewritten after its manifest; "
-                    "convert it again.")
+                raise StoreDamagedError(f"{spec.url}: {problem}.\nHINT: the store was rewritten after its manifest; "
+                                        "convert it again.")
             self._open[i] = (lease, meta)
             return lease, meta
 
@@ -189,6 +199,30 @@ class RemoteStoreReader:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+    def sample_index(self) -> tuple[list[int], list[str]] | None:
+        """Every sample's ``(labels, relative paths)`` from ``samples.json.gz``: one GET, no shard;
+        None for a format-1 store (no such object: read them from the shards).
+
+        Raises:
+            ManifestError: the object is not the one the manifest names (size, sha256) or does
+                not fit it.
+            RemoteStoreError: it cannot be read (names the URL).
+        """
+        if self.manifest.samples is None:
+            return None
+        if self._samples is None:
+            where = str(remote.RemoteLocation.parse(self.path).child(SAMPLES_NAME))
+            if any(key[0] != os.getpid() for key in list(remote._STORES)):  # forked after obstore was used
+                import tempfile
+
+                with tempfile.TemporaryDirectory(prefix="fastload-samples-") as tmp:
+                    _download(where, Path(tmp) / SAMPLES_NAME)  # in a fresh child (_fetch_child.py says why)
+                    data = (Path(tmp) / SAMPLES_NAME).read_bytes()
+            else:
+                data = remote.get_bytes(where)
+            self._samples = parse_samples(data, self.manifest, where=where)
+        return self._samples
 
     # ---- records --------------------------------------------------------------------------
     def label(self, index: int) -> int:

@@ -3,6 +3,7 @@ that can be slowed down or taken away (the "throttled endpoint" and "endpoint go
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import socket
 import threading
@@ -11,26 +12,33 @@ from pathlib import Path
 
 from fastload.store import format as fmt
 from fastload.store import remote
-from fastload.store.manifest import MANIFEST_NAME, MANIFEST_VERSION, Manifest, ShardEntry
+from fastload.store.manifest import MANIFEST_NAME, MANIFEST_VERSION, SAMPLES_NAME, Manifest, ShardEntry, samples_object
 from fastload.store.reader import load_store_metas
 
 
-def manifest_for(store: Path) -> Manifest:
+def manifest_for(store: Path) -> tuple[Manifest, bytes]:
+    """The manifest (format ``MANIFEST_VERSION``) of a local folder of shards, and its samples object."""
     metas = load_store_metas(store)
     entries, start = [], 0
     for m in metas:
         data = (m.path / "data.mdb").read_bytes()
         entries.append(ShardEntry(m.path.name, start, m.count, len(data), hashlib.sha256(data).hexdigest()))
         start += m.count
-    return Manifest(MANIFEST_VERSION, tuple(entries), tuple(metas[0].classes), start, {}, {})
+    samples, entry = samples_object([y for m in metas for y in m.labels.tolist()], [p for m in metas for p in m.paths])
+    return Manifest(MANIFEST_VERSION, tuple(entries), tuple(metas[0].classes), start, {}, {}, entry), samples
 
 
-def publish(store: Path, url: str) -> Manifest:
-    """Upload every shard's data.mdb, then the manifest (last, as the contract says)."""
-    man = manifest_for(store)
+def publish(store: Path, url: str, *, format_version: int = MANIFEST_VERSION) -> Manifest:
+    """Upload every shard's data.mdb, the samples object (format 2), then the manifest (last, as the
+    contract says). ``format_version=1``: a store as fastload wrote it before the samples object."""
+    man, samples = manifest_for(store)
     loc = remote.RemoteLocation.parse(url)
     for e in man.shards:
         remote.upload_file(store / e.name / "data.mdb", loc.child(f"{e.name}/data.mdb"))
+    if format_version == 1:
+        man = dataclasses.replace(man, format_version=1, samples=None)
+    else:
+        remote.put_bytes(loc.child(SAMPLES_NAME), samples)
     remote.put_bytes(loc.child(MANIFEST_NAME), man.to_json().encode())
     return man
 

@@ -31,31 +31,48 @@ def roundtrip(sd):
     return torch.load(buf, weights_only=False)
 
 
-@dali
-def test_store_resume_mid_epoch_is_exact_and_so_is_the_next_epoch(tiny_store):
-    ref = loader(tiny_store, shuffle=True)
+def resumes_exactly(make, batches: int) -> dict:
+    """Stop a loader from ``make()`` after ``batches`` batches, resume a new one from its state: the rest
+    of the epoch and the next epoch are the uninterrupted run's. Returns the state."""
+    ref = make()
     e0, e1 = epoch(ref), epoch(ref)
     ref.close()
-    ld = loader(tiny_store, shuffle=True)
+    ld = make()
     it = iter(ld)
-    head = [next(it)[2].tolist() for _ in range(2)]
+    head = [next(it)[2].tolist() for _ in range(batches)]
     sd = roundtrip(ld.state_dict())
-    assert sd["epoch"] == 0 and sd["batches"] == 2
+    assert sd["epoch"] == 0 and sd["batches"] == batches
     del it
     ld.close()
-    resumed = loader(tiny_store, shuffle=True)
+    resumed = make()
     resumed.load_state_dict(sd)
     assert head + epoch(resumed) == e0
     assert epoch(resumed) == e1
     resumed.close()
+    return sd
+
+
+@dali
+def test_store_resume_mid_epoch_is_exact_and_so_is_the_next_epoch(tiny_store):
+    resumes_exactly(lambda: loader(tiny_store, shuffle=True), 2)
 
 
 @pytest.mark.slow
 @dali
 def test_store_elastic_two_shards_save_three_resume(tiny_store):
+    # 24 samples: 12 per shard; 1 batch of 4 each = 8 read, 16 left over 4 new shards: 4 each, no padding
+    seen, rest, lengths = save_two_resume(lambda r, w: loader(tiny_store, shuffle=True, batch_size=4, shard_id=r,
+                                                                num_shards=w), 4)
+    assert len(set(lengths)) == 1
+    assert sorted(seen + rest) == list(range(24))
+
+
+def save_two_resume(make, world: int) -> tuple[list[int], list[int], list[int]]:
+    """Two ranks (``make(rank, world)``) read one batch each and save; ``world`` new ranks resume from
+    rank 0's state. Returns what the two read, what the new ranks read, and each new rank's count."""
     seen, states = [], []
-    for r in range(2):  # 24 samples: 12 per shard; 1 batch of 4 each = 8 read, 16 left
-        ld = loader(tiny_store, shuffle=True, batch_size=4, shard_id=r, num_shards=2)
+    for r in range(2):
+        ld = make(r, 2)
         it = iter(ld)
         seen += next(it)[2].tolist()
         states.append(ld.state_dict())
@@ -63,15 +80,14 @@ def test_store_elastic_two_shards_save_three_resume(tiny_store):
         ld.close()
     assert states[0]["order"] == states[1]["order"]
     rest, lengths = [], []
-    for r in range(4):  # 16 left over 4 new shards: 4 each, no padding
-        ld = loader(tiny_store, shuffle=True, batch_size=4, shard_id=r, num_shards=4)
+    for r in range(world):
+        ld = make(r, world)
         ld.load_state_dict(states[0])
         mine = [i for b in epoch(ld) for i in b]
         lengths.append(len(mine))
         rest += mine
         ld.close()
-    assert len(set(lengths)) == 1
-    assert sorted(seen + rest) == list(range(24))
+    return seen, rest, lengths
 
 
 @pytest.mark.slow
@@ -131,3 +147,75 @@ def test_store_resume_in_gpu_mode_is_exact(tiny_store):
     resumed.load_state_dict(sd)
     assert [first[2].tolist()] + epoch(resumed) == e0
     resumed.close()
+
+
+# ---- read by shards (DALIOptions(order="shards"); the default for a store in object storage) ----
+
+@pytest.fixture(scope="module")
+def six_shards(tiny_tree, tmp_path_factory):
+    from remote_helpers import sharded_store
+
+    return sharded_store(tiny_tree, tmp_path_factory.mktemp("six") / "store", 6)  # 4 samples each
+
+
+def by_shards(source, **kw):
+    from fastload.dali import DALILoader, DALIOptions
+
+    options = DALIOptions(shard_id=kw.pop("shard_id", 0), num_shards=kw.pop("num_shards", 1), order="shards",
+                          window=2)
+    return DALILoader(source, 4, device="cpu", num_threads=1, size=32, return_index=True, seed=1, shuffle=True,
+                      options=options)
+
+
+@dali
+def test_by_shards_is_the_shard_samplers_order_disjoint_covering_equal(six_shards):
+    from fastload.load.shards import ShardSampler
+
+    import fastload
+
+    sizes = fastload.LMDBImageDataset(six_shards).shard_sizes
+    assert sizes == [4] * 6
+    got = {}
+    for r in range(2):
+        ld = by_shards(six_shards, shard_id=r, num_shards=2)
+        assert len(ld) == 3  # 12 samples each, batches of 4
+        got[r] = [sum(epoch(ld), []) for _ in range(2)]
+        ld.close()
+    for e in range(2):
+        a, b = got[0][e], got[1][e]
+        assert len(a) == len(b) == 12 and not set(a) & set(b) and sorted(a + b) == list(range(24))
+        for r in range(2):  # the very order fastload.DataLoader's ShardSampler gives: 3 whole shards each
+            s = ShardSampler(sizes, num_replicas=2, rank=r, seed=1, window=2)
+            s.set_epoch(e)
+            assert got[r][e] == list(s)
+            assert len({i // 4 for i in got[r][e]}) == 3
+    assert got[0][0] != got[0][1]
+
+
+@dali
+def test_by_shards_resume_mid_epoch_is_exact_and_so_is_the_next_epoch(six_shards):
+    sd = resumes_exactly(lambda: by_shards(six_shards, shard_id=1, num_shards=2), 1)
+    assert sd["shards"] == {"window": 2} and sd["order"]["sampler"]["segments"] == [[2, 4]]
+
+
+@pytest.mark.slow
+@dali
+def test_by_shards_elastic_two_ranks_save_three_resume(six_shards):
+    # 12 per rank: 1 batch of 4 each = 8 read, 16 left over 3 ranks: 6 each, 2 of them padding
+    seen, rest, lengths = save_two_resume(lambda r, w: by_shards(six_shards, shard_id=r, num_shards=w), 3)
+    assert lengths == [6, 6, 6]
+    assert set(seen + rest) == set(range(24)) and not set(seen) & set(rest)
+    assert len(rest) - len(set(rest)) == 2  # the padding only
+
+
+@dali
+def test_a_state_saved_in_the_other_order_is_refused(six_shards):
+    from fastload.dali import DALILoader, DALIOptions
+
+    sd = by_shards(six_shards).state_dict()
+    glob = DALILoader(six_shards, 4, device="cpu", num_threads=1, size=32, seed=1, shuffle=True,
+                      options=DALIOptions(shard_id=0, num_shards=1))
+    with pytest.raises(ResumeStateError, match=r"the order \(None: global, else by shards\) was \{'window': 2\}"):
+        glob.load_state_dict(sd)
+    with pytest.raises(ResumeStateError, match="order='global'"):
+        by_shards(six_shards).load_state_dict(glob.state_dict())

@@ -57,6 +57,49 @@ def test_dataloader_reads_every_sample_once(store_url, local_shards, tmp_path, b
     assert sorted(labels) == sorted(fastload.LMDBImageDataset(local_shards).targets)
 
 
+def test_targets_and_samples_cost_one_get_and_no_shard(store_url, local_shards, tmp_path):
+    local = fastload.LMDBImageDataset(local_shards)
+    before = downloads()
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    assert ds.targets == local.targets and list(ds.samples) == list(local.samples)
+    assert ds.samples[5] == local.samples[5] and len(ds.samples) == len(local)
+    assert downloads() == before  # samples.json.gz, not the shards
+    assert ds[len(ds) - 1][1] == local.targets[-1]  # a shard read afterwards agrees with it
+
+
+def test_a_store_without_the_samples_object_reads_labels_from_the_shards(s3_server, fresh_bucket, local_shards,
+                                                                         tmp_path):
+    url = s3_server.url(fresh_bucket, "stores/v1/")
+    assert publish(local_shards, url, format_version=1).samples is None  # as written before format 2
+    local = fastload.LMDBImageDataset(local_shards)
+    before = downloads()
+    ds = fastload.LMDBImageDataset(url, cache_dir=tmp_path / "cache")
+    assert ds.targets == local.targets and list(ds.samples) == list(local.samples)
+    assert downloads() - before == 3  # today's behaviour: every shard
+
+
+def test_a_tampered_samples_object_or_field_is_named(store_url, local_shards, tmp_path):
+    import json
+
+    from fastload.errors import ManifestError
+    from fastload.store.manifest import SAMPLES_NAME, samples_object
+
+    loc = remote.RemoteLocation.parse(store_url)
+    labels = fastload.LMDBImageDataset(local_shards).targets
+    paths = [p for p, _y in fastload.LMDBImageDataset(local_shards).samples]
+    remote.put_bytes(loc.child(SAMPLES_NAME), samples_object([(y + 1) % 3 for y in labels], paths)[0])
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    with pytest.raises(ManifestError, match=rf"{SAMPLES_NAME}: .* the manifest says .*\n.*HINT"):
+        ds.targets
+    with pytest.raises(ManifestError, match=SAMPLES_NAME):
+        ds.samples
+    man = json.loads(remote.get_bytes(loc.child("manifest.json")))
+    man["samples"]["sha256"] = "not hex"
+    remote.put_bytes(loc.child("manifest.json"), json.dumps(man).encode())
+    with pytest.raises(ManifestError, match=r"manifest.json: the manifest is invalid: samples.sha256"):
+        fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+
+
 def test_replaced_shard_never_gives_wrong_pixels(store_url, local_shards, tmp_path):
     ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
     ds.get_bytes(0)  # shard 0 cached; now shard 2 is replaced in the bucket by shard 1's bytes
@@ -194,7 +237,7 @@ def test_dali_loader_from_the_node_cache_gives_the_local_batches(store_url, loca
             ld.close()
 
     before = downloads()
-    local = batches(local_shards)
+    local = batches(local_shards, order="shards")  # a store in object storage is read by shards
     remote_batches = batches(store_url, cache_dir=str(tmp_path / "cache"), cache_limit="1GB")
     assert len(remote_batches[0]) == len(local[0]) == 5  # 24 samples in batches of 5
     for epoch_r, epoch_l in zip(remote_batches, local):
@@ -205,3 +248,51 @@ def test_dali_loader_from_the_node_cache_gives_the_local_batches(store_url, loca
     assert sorted(p.name for p in (tmp_path / "cache").glob("*/*") if p.is_dir() and not p.name.startswith(".")) \
         == sorted(p.name for p in local_shards.iterdir() if p.is_dir())
     assert downloads() == before  # not this process: the workers read, and the loader's labels come from them
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+def test_dali_two_ranks_by_shards_with_a_cache_smaller_than_the_store(tiny_tree, s3_server, fresh_bucket,
+                                                                       tmp_path_factory):
+    """Two ranks on one node read a 12-shard store at once: disjoint, covering, equal batches, in the
+    ShardSampler's order; each shard downloaded once in the cold epoch, through a cache that holds 9 of the
+    12 shards (never over it)."""
+    from fastload.dali import DALILoader, DALIOptions
+    from fastload.load.shards import ShardSampler
+    from fastload.store.cache import node_downloads
+
+    store = sharded_store(tiny_tree, tmp_path_factory.mktemp("twelve") / "store", 12)  # 2 samples each
+    url = s3_server.url(fresh_bucket, "stores/twelve/")
+    man = publish(store, url)
+    sizes = sorted((e.bytes for e in man.shards), reverse=True)
+    # each rank: 2 shards open in its worker (window + 1), up to 2 prefetched (the next window, for each of
+    # the 2 batches DALI may run ahead); 2 ranks, and room for the download in progress
+    limit = sum(sizes[:9])
+    assert limit < sum(sizes)
+    cache_dir = tmp_path_factory.mktemp("node-cache")
+    loaders = [DALILoader(url, 2, train=False, shuffle=True, device="cpu", num_threads=1, size=32, seed=5,
+                          return_index=True,
+                          options=DALIOptions(shard_id=r, num_shards=2, window=1, cache_dir=str(cache_dir),
+                                              cache_limit=limit, prefetch_queue_depth=1)) for r in range(2)]
+    shard_of = {name: i for i, name in enumerate(e.name for e in man.shards)}
+    try:
+        assert [len(ld) for ld in loaders] == [6, 6]
+        for e in range(2):
+            seen = [[], []]
+            start = len(node_downloads(cache_dir))
+            for (_x0, _y0, i0), (_x1, _y1, i1) in zip(*loaders, strict=True):  # in lock-step, like DDP ranks
+                seen[0] += i0.tolist()
+                seen[1] += i1.tolist()
+            assert len(seen[0]) == len(seen[1]) == 12 and sorted(seen[0] + seen[1]) == list(range(24))
+            for r in range(2):
+                s = ShardSampler([x.count for x in man.shards], num_replicas=2, rank=r, seed=5, window=1)
+                s.set_epoch(e)
+                assert seen[r] == list(s)  # its own run of whole shards
+            if e == 0:  # cold: every shard exactly once (by the rank's worker or the loader's prefetch).
+                # Read now: DALI starts the next epoch's first batches as soon as this one ends.
+                got = [shard_of[d["shard"]] for d in node_downloads(cache_dir)[start:]]
+                assert sorted(got[:12]) == list(range(12))
+            assert loaders[0]._reader.cache.usage() <= limit
+    finally:
+        for ld in loaders:
+            ld.close()

@@ -53,10 +53,13 @@ def test_folder_to_s3_then_verify_names_deleted_and_corrupted_shards(s3_server, 
     data = bytearray(remote.get_bytes(bad))
     data[len(data) // 2] ^= 0xFF
     remote.put_bytes(bad, bytes(data))
+    labels = f"{url}/samples.json.gz"  # every label and path, beside the manifest: checked too
+    remote.put_bytes(labels, remote.get_bytes(labels)[:-1])
     r = _cli("verify", url, "-q")
     assert r.exit_code == 1
     assert f"{gone}: missing" in r.output and f"{bad}: sha256" in r.output and "corrupted" in r.output
-    assert "shard-00001" not in r.output and "2 problems" in r.output
+    assert f"{labels}: " in r.output and "the manifest says" in r.output
+    assert "shard-00001" not in r.output and "3 problems" in r.output
 
 
 def test_s3_folder_and_file_list_to_local(s3_server, fresh_bucket, tiny_tree, tmp_path):

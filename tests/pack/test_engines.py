@@ -10,7 +10,7 @@ import pytest
 from fastload.errors import ConvertError, IncompleteStoreError
 from fastload.pack.convert import ConvertOptions
 from fastload.pack.engines import EngineOptions, convert_sharded, parse_size
-from fastload.store.manifest import Manifest
+from fastload.store.manifest import Manifest, parse_samples
 from fastload.store.reader import StoreReader
 
 OPTS = ConvertOptions(progress=False, lossless=True, workers=1)
@@ -30,8 +30,9 @@ def test_sharded_store_is_the_plain_store_split(tiny_tree, tiny_store, tmp_path)
     dst = tmp_path / "dst"
     report = convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=3))
     assert (report.stored, report.total, report.skipped) == (24, 24, [])
-    assert sorted(p.name for p in dst.iterdir()) == ["manifest.json", "plan.json", "shard-00000-of-00003",
-                                                     "shard-00001-of-00003", "shard-00002-of-00003"]
+    assert sorted(p.name for p in dst.iterdir()) == ["manifest.json", "plan.json", "samples.json.gz",
+                                                     "shard-00000-of-00003", "shard-00001-of-00003",
+                                                     "shard-00002-of-00003"]
     assert all(sorted(q.name for q in (dst / f"shard-0000{i}-of-00003").iterdir()) == ["data.mdb"] for i in range(3))
     manifest = Manifest.from_json((dst / "manifest.json").read_text())
     assert [(s.start, s.count) for s in manifest.shards] == [(0, 8), (8, 8), (16, 8)]
@@ -39,6 +40,9 @@ def test_sharded_store_is_the_plain_store_split(tiny_tree, tiny_store, tmp_path)
     assert len(sharded) == len(plain) and sharded.classes == plain.classes
     for i in range(len(plain)):
         assert sharded.get(i) == plain.get(i) and sharded.labels[i] == plain.labels[i]
+    # every label and path, beside the manifest (what a remote store's targets/samples read)
+    labels, paths = parse_samples((dst / "samples.json.gz").read_bytes(), manifest)
+    assert labels == plain.labels.tolist() and paths == list(plain.paths)
 
 
 def test_bytes_do_not_depend_on_workers_and_rerun_does_nothing(tiny_tree, tmp_path):
@@ -200,9 +204,9 @@ def test_plan_and_manifest_are_fsynced_and_stale_tmp_removed(tiny_tree, tmp_path
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")) or real(fd))
     convert_sharded(tiny_tree, dst, OPTS, EngineOptions(num_shards=2))
-    for name in ("plan.json", "manifest.json"):
+    for name in ("plan.json", "samples.json.gz", "manifest.json"):
         assert str(dst / f".{name}.tmp") in synced  # the file, before its rename
-    assert synced.count(str(dst)) >= 4  # the folder after each rename: plan, 2 shards, manifest
+    assert synced.count(str(dst)) >= 5  # the folder after each rename: plan, 2 shards, samples, manifest
     # a driver killed mid-publish leaves a .shard-*.tmp folder: the next run removes it
     (dst / "manifest.json").unlink()
     (dst / ".shard-00001-of-00002.1234abcd.tmp").mkdir()

@@ -7,15 +7,18 @@ import json
 import pytest
 
 from fastload.errors import ManifestError
-from fastload.store.manifest import MANIFEST_VERSION, Manifest, ShardEntry
+from fastload.store.manifest import MANIFEST_VERSION, Manifest, ShardEntry, parse_samples, samples_object
 
 SHA = "ab" * 32
+LABELS = [0, 1, 1, 0, 1, 0, 0, 1]
+PATHS = [f"{'cat' if y == 0 else 'dog'}/{i}.jpg" for i, y in enumerate(LABELS)]
 
 
 def _manifest() -> Manifest:
     shards = (ShardEntry("shard-00000-of-00003", 0, 5, 1000, SHA), ShardEntry("shard-00001-of-00003", 5, 0, 100, SHA),
               ShardEntry("shard-00002-of-00003", 5, 3, 900, SHA))
-    return Manifest(MANIFEST_VERSION, shards, ("cat", "dog"), 8, {"shuffle": False}, {"stored": 8, "skipped": []})
+    return Manifest(MANIFEST_VERSION, shards, ("cat", "dog"), 8, {"shuffle": False}, {"stored": 8, "skipped": []},
+                    samples_object(LABELS, PATHS)[1])
 
 
 def test_round_trip_and_locate():
@@ -36,6 +39,12 @@ def test_round_trip_and_locate():
     (lambda d: d["shards"][1].pop("bytes"), "'shards[1].bytes' is missing"),
     (lambda d: d.update(classes=[1, 2]), "'classes' must be a list of strings"),
     (lambda d: d.update(format_version=MANIFEST_VERSION + 1), "format_version"),
+    (lambda d: d.pop("samples"), "'samples' is missing"),
+    (lambda d: d["samples"].update(sha256="0" * 63), "samples.sha256"),
+    (lambda d: d["samples"].update(name="../labels.json.gz"), "samples.name"),
+    (lambda d: d["samples"].update(count=7), "samples has"),
+    (lambda d: d["samples"].update(bytes="12"), "'samples.bytes' must be int"),
+    (lambda d: d.update(format_version=1), "'samples' is not part of format_version 1"),
 ])
 def test_bad_field_is_named(edit, field):
     d = json.loads(_manifest().to_json())
@@ -44,6 +53,32 @@ def test_bad_field_is_named(edit, field):
         Manifest.from_json(json.dumps(d), where="s3://b/store/manifest.json")
     message = str(err.value)
     assert field in message and message.startswith("s3://b/store/manifest.json") and "HINT" in message
+
+
+def test_format_1_reads_without_samples():
+    d = json.loads(_manifest().to_json())
+    d.pop("samples")
+    d["format_version"] = 1
+    m = Manifest.from_json(json.dumps(d))
+    assert m.format_version == 1 and m.samples is None and m.num_samples == 8
+
+
+def test_samples_object_is_deterministic_and_checked():
+    data, entry = samples_object(LABELS, PATHS)
+    assert samples_object(list(LABELS), list(PATHS))[0] == data  # no timestamp, no name: same bytes
+    m = _manifest()
+    assert entry == m.samples and parse_samples(data, m) == (LABELS, PATHS)
+    tampered = samples_object([1 - y for y in LABELS], PATHS)[0]
+    with pytest.raises(ManifestError, match="sha256") as err:
+        parse_samples(tampered, m, where="s3://b/store/samples.json.gz")
+    assert str(err.value).startswith("s3://b/store/samples.json.gz") and "HINT" in str(err.value)
+    short, short_entry = samples_object(LABELS[:7], PATHS[:7])  # its own sha256, but 7 samples for 8
+    with pytest.raises(ManifestError, match="8 labels and paths"):
+        parse_samples(short, Manifest(MANIFEST_VERSION, m.shards, m.classes, 8, {}, {},
+                                      type(short_entry)(short_entry.name, short_entry.bytes, short_entry.sha256, 8)))
+    outside, outside_entry = samples_object([0, 1, 2, 0, 1, 0, 0, 1], PATHS)
+    with pytest.raises(ManifestError, match="outside 0..1"):
+        parse_samples(outside, Manifest(MANIFEST_VERSION, m.shards, m.classes, 8, {}, {}, outside_entry))
 
 
 def test_not_json_is_named():
