@@ -124,14 +124,23 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     emit(result, json_out)
 
 
+def per_image_options(defaults: str, *, images: str, rounds: str, size: str):
+    """``--images``, ``--rounds`` and ``--size`` of a per-image benchmark (decode, encode): the help texts
+    given, the defaults read from the ``defaults`` options dataclass."""
+    def wrap(f):
+        f = click.option("--size", type=click.IntRange(min=8), default=Default(defaults, "size"), show_default=True,
+                         help=size)(f)
+        f = click.option("--rounds", type=click.IntRange(min=1), default=Default(defaults, "rounds"),
+                         show_default=True, help=rounds)(f)
+        return click.option("--images", type=click.IntRange(min=1), default=Default(defaults, "images"),
+                            show_default=True, help=images)(f)
+    return wrap
+
+
 @bench.command("decode")
 @bench_data()
-@click.option("--images", type=click.IntRange(min=1), default=Default(DECODE, "images"), show_default=True,
-              help="JPEGs of DATA to time (the first N).")
-@click.option("--rounds", type=click.IntRange(min=1), default=Default(DECODE, "rounds"), show_default=True,
-              help="Interleaved rounds; the median is reported.")
-@click.option("--size", type=click.IntRange(min=8), default=Default(DECODE, "size"), show_default=True,
-              help="Crop output side.")
+@per_image_options(DECODE, images="JPEGs of DATA to time (the first N).",
+                   rounds="Interleaved rounds; the median is reported.", size="Crop output side.")
 @json_out_option
 @friendly
 def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, json_out: Path | None) -> None:
@@ -147,12 +156,8 @@ def bench_decode_cmd(data: Path | None, images: int, rounds: int, size: int, jso
 
 @bench.command("encode")
 @bench_data()
-@click.option("--images", type=click.IntRange(min=1), default=Default(ENCODE, "images"), show_default=True,
-              help="Images of DATA to measure (the first N readable ones, any format).")
-@click.option("--rounds", type=click.IntRange(min=1), default=Default(ENCODE, "rounds"), show_default=True,
-              help="Interleaved timing rounds; the median is reported.")
-@click.option("--size", type=click.IntRange(min=8), default=Default(ENCODE, "size"), show_default=True,
-              help="Train preset crop size.")
+@per_image_options(ENCODE, images="Images of DATA to measure (the first N readable ones, any format).",
+                   rounds="Interleaved timing rounds; the median is reported.", size="Train preset crop size.")
 @json_out_option
 @friendly
 def bench_encode_cmd(data: Path | None, images: int, rounds: int, size: int, json_out: Path | None) -> None:

@@ -31,8 +31,8 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from fastload.errors import ResumeStateError
-from fastload.load.state import (DistributedOrder, ReplayOrder, SampleIndex, global_order, mix_seed, rng_restore,
-                                 rng_snapshot, seeded_get, segment)
+from fastload.load.replay import SampleIndex, global_order, mix_seed, rng_restore, rng_snapshot, seeded_get, segment
+from fastload.load.state import DistributedOrder, ReplayOrder
 from fastload.load.tracker import EpochRecord, is_stateful
 
 __all__ = ["SingleIter", "MultiIter", "ResumableIndex", "WorkerInit", "WithState", "EpochRecord", "is_stateful"]

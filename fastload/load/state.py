@@ -1,10 +1,11 @@
-"""What a loader state holds, how it is checked, and the elastic rule for distributed epochs.
+"""What a loader state holds and how it is checked.
 
 Owns: the state format of ``fastload.DataLoader.state_dict()`` (a plain dict of ints, strings,
 bytes and the user's own sampler/dataset states: small, picklable, ``torch.save``-able, no
-sample data), its validation (``check_state``: every mismatch is a ``ResumeStateError`` that
-names the field, the saved and the current value), the dataset identity, per-sample
-augmentation seeds, and the segment arithmetic of elastic resume.
+sample data) and its validation (``check_state``: every mismatch is a ``ResumeStateError`` that
+names the field, the saved and the current value). What a resumed epoch is rebuilt from (the
+dataset identity, per-sample augmentation seeds, the segment arithmetic of elastic resume) is
+``replay.py``'s; its names are re-exported here, where ``load/dali.py`` and older code import them.
 
 The state (``version`` 1; typed as ``LoaderState`` below, which validates every field)::
 
@@ -36,20 +37,8 @@ non-distributed sampler: the state the epoch's order was drawn from (the sampler
 replayed on resume, after which the ``batches`` already yielded are skipped; or
 ``{"kind": "distributed", "start", "world", "consumed", "shuffle", "drop_last"}``.
 
-Elastic rule (``DistributedSampler``, torch's own or the automatic one): the epoch's global
-order ``perm`` (a function of ``seed`` and ``epoch`` only, never of the world size) is read
-in *segments*. A segment starting at position ``start`` for ``W`` ranks is
-``perm[start:] + perm[:pad]`` with ``pad`` the few samples (from the front of the epoch, as
-DistributedSampler pads) that make its length a multiple of ``W`` (``drop_last``: the
-remainder is dropped instead); rank ``r`` reads positions ``r, r + W, ...`` of it. A fresh
-epoch is the segment at 0: exactly DistributedSampler's split. After every rank yielded
-``k`` batches of ``b`` samples, the first ``W * k * b`` positions of the segment are
-consumed (ranks move in lock-step under DDP, so rank 0's state describes every rank).
-Resumed by the same ``W``: the segment continues where it stopped, so every rank yields
-exactly what it would have. Resumed by ``W' != W``: a new segment starts after the unique
-samples consumed, so each remaining sample is read once across the new ranks (plus the
-padding, when the remainder does not divide by ``W'``). The next epoch is the plain
-DistributedSampler epoch ``epoch + 1``: the same global permutation as the uninterrupted run.
+The elastic rule for ``DistributedSampler`` epochs (segments of the world-independent order)
+is ``replay.py``'s.
 
 Must not: import torch's private iterator classes (``_resume_iter.py`` does), or read samples.
 """
@@ -57,17 +46,15 @@ Must not: import torch's private iterator classes (``_resume_iter.py`` does), or
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch.utils.data import DistributedSampler
 
 from fastload.errors import ResumeStateError
-from fastload.load._shard_order import mix_seed
-from fastload.load.transforms import is_preset
+from fastload.load.replay import (SampleIndex, dataset_identity, files_identity, global_order, mix_seed, rng_restore,
+                                  rng_snapshot, segment)
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "DatasetFacts", "ReplayOrder",
            "DistributedOrder", "WorkerStates", "FetcherState", "dataset_identity", "mix_seed", "segment",
@@ -77,98 +64,6 @@ __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "Datas
 STATE_FORMAT = "fastload.DataLoader"
 DALI_STATE_FORMAT = "fastload.DALILoader"
 STATE_VERSION = 1
-
-
-class SampleIndex(int):
-    """A sample index that carries the seed its sample's augmentation draws from.
-
-    The loader hands these to its fetcher only; the dataset itself receives a plain ``int``.
-    """
-
-    seed: int
-
-    def __new__(cls, value: int, seed: int) -> SampleIndex:
-        obj = super().__new__(cls, value)
-        obj.seed = seed
-        return obj
-
-    def __reduce__(self):
-        return (SampleIndex, (int(self), self.seed))
-
-
-def seeded_get(dataset, index) -> Any:
-    """``dataset[index]`` with torch's CPU RNG seeded from the index's seed, then restored."""
-    seed = getattr(index, "seed", None)
-    if seed is None:
-        return dataset[index]
-    gen = torch.default_generator
-    saved = gen.get_state()
-    gen.manual_seed(seed)
-    try:
-        return dataset[int(index)]
-    finally:
-        gen.set_state(saved)
-
-
-def uses_fastload_preset(dataset) -> bool:
-    """True when a map-style dataset's transform is a fastload preset (it decodes from bytes)."""
-    return is_preset(getattr(dataset, "transform", None))
-
-
-def dataset_identity(dataset) -> str | None:
-    """What makes two datasets the same beyond their length: for a fastload store, its
-    checksums and labels (so a moved or copied store still matches); for an ImageFolder-like
-    dataset, its relative paths and labels; else None (only the length is compared)."""
-    reader = getattr(dataset, "_reader", None)
-    if isinstance(getattr(reader, "identity", None), str):  # a remote store: its manifest's shard sha256s
-        return reader.identity
-    crc, labels = getattr(reader, "crc32", None), getattr(reader, "labels", None)
-    h = hashlib.sha1()
-    if crc is not None and labels is not None:
-        h.update(b"store\0")
-        h.update(crc.astype("<u4").tobytes())
-        h.update(labels.astype("<i8").tobytes())
-        return "store:" + h.hexdigest()[:20]
-    samples, root = getattr(dataset, "samples", None), str(getattr(dataset, "root", "") or "")
-    if isinstance(samples, list) and samples and isinstance(samples[0], tuple):
-        return files_identity(root, samples)
-    return None
-
-
-def files_identity(root: str, samples) -> str:
-    """Identity of ``(path, label)`` pairs, paths taken relative to ``root`` (a moved tree matches)."""
-    h = hashlib.sha1()
-    prefix = root.rstrip("/") + "/" if root else ""
-    for path, label in samples:
-        path = str(path)
-        h.update(f"{path[len(prefix):] if prefix and path.startswith(prefix) else path}\t{label}\n".encode())
-    return "samples:" + h.hexdigest()[:20]
-
-
-def rng_snapshot(generators: Mapping[str, torch.Generator]) -> dict[str, bytes]:
-    return {name: bytes(g.get_state().numpy().tobytes()) for name, g in generators.items()}
-
-
-def rng_restore(generators: Mapping[str, torch.Generator], states: Mapping[str, bytes]) -> None:
-    for name, g in generators.items():
-        if name in states:
-            g.set_state(torch.frombuffer(bytearray(states[name]), dtype=torch.uint8))
-
-
-def global_order(n: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:
-    """The epoch's world-independent order, computed by DistributedSampler itself (one replica)."""
-    s = DistributedSampler(range(n), num_replicas=1, rank=0, shuffle=shuffle, seed=seed, drop_last=False)
-    s.set_epoch(epoch)
-    return list(s)
-
-
-def segment(perm: list[int], start: int, world: int, drop_last: bool) -> list[int]:
-    """``perm[start:]`` made a multiple of ``world``: padded from the epoch's front, or cut."""
-    rest = perm[start:]
-    if drop_last:
-        return rest[: len(rest) // world * world]
-    n = len(perm)
-    return rest + [perm[j % n] for j in range(-len(rest) % world)] if n else rest
 
 
 def mismatch_error(field: str, saved, current, hint: str) -> ResumeStateError:
@@ -299,7 +194,7 @@ class ReplayOrder:
 
 @dataclass(frozen=True)
 class DistributedOrder:
-    """A ``DistributedSampler`` epoch's segment (the elastic rule in the module docstring)."""
+    """A ``DistributedSampler`` epoch's segment (the elastic rule: ``replay.py``'s docstring)."""
 
     kind: ClassVar[str] = "distributed"
     start: int

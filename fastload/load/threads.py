@@ -89,7 +89,7 @@ from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
 from fastload.load.dataset import LMDBImageDataset
-from fastload.load.state import mix_seed
+from fastload.load.replay import mix_seed
 from fastload.load.transforms import collate_uint8, is_preset, preset_size
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]

@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset
 
 from fastload.errors import ResumeStateError
+from fastload.load import replay as _replay
 from fastload.load import state as _state
 from fastload.load.state import DistributedOrder, FetcherState, LoaderState, ReplayOrder, WorkerStates
 
@@ -93,7 +94,7 @@ class ResumeTracker:
         self.index = None  # the ResumableIndex around the loader's index sampler (_resume_iter.py)
         self.iterable = isinstance(loader.dataset, IterableDataset)
         self.seeding = (not self.iterable and loader.batch_sampler is not None
-                        and _state.uses_fastload_preset(loader.dataset))
+                        and _replay.uses_fastload_preset(loader.dataset))
         self._ident: tuple[str | None] | None = None
 
     # ---- what the loader asks ---------------------------------------------------------------
@@ -139,7 +140,7 @@ class ResumeTracker:
             # (ResumableIndex._replay), not the saved "generator", which depends on how far the
             # saving run's workers or threads had read ahead; only torch's global RNG is kept
             gens = {"global": gens["global"]}
-        now = _state.rng_snapshot(gens)
+        now = _replay.rng_snapshot(gens)
         try:  # building the resumed iterator must not consume the user's random draws
             it = new_iterator()
             rec = self.live
@@ -155,12 +156,12 @@ class ResumeTracker:
                 for _ in range(plan.batches - rec.base):  # no state (or a snapshot behind): read them again
                     next(it)
         finally:
-            _state.rng_restore(gens, now)
+            _replay.rng_restore(gens, now)
         return it
 
     def facts(self, loader) -> dict:
         if self._ident is None:
-            self._ident = (_state.dataset_identity(loader.dataset),)
+            self._ident = (_replay.dataset_identity(loader.dataset),)
         dist_sampler = self.distributed(loader) or self.shard_sampler(loader)
         if dist_sampler is not None:
             seed = dist_sampler.seed
@@ -185,7 +186,7 @@ class ResumeTracker:
             if plan is not None and plan.sample_seed is not None:
                 seed = plan.sample_seed
             elif dist_sampler is not None:  # the same on every rank, whatever the world size
-                seed = _state.mix_seed(dist_sampler.seed, 0x5EED)
+                seed = _replay.mix_seed(dist_sampler.seed, 0x5EED)
             else:
                 seed = int(it._base_seed)
         epoch = dist_sampler.epoch if dist_sampler is not None else loader.epoch - 1  # the user may set_epoch

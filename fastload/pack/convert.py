@@ -405,9 +405,9 @@ def _run(writer: StoreWriter, src: Source, order: list[int], options: ConvertOpt
                 # committed and stop, so a rerun reads it again instead of it being skipped for good.
                 chunk.consumed -= 1
                 flush()
-                from fastload.pack.engines import _read_failed
+                from fastload.pack.shard import read_failed
 
-                raise _read_failed(src.abspath(rel), value)
+                raise read_failed(src.abspath(rel), value)
             else:
                 reason = value.reason if isinstance(value, Rejected) else value
                 chunk.skipped.append({"relpath": rel, "reason": reason})

@@ -1,11 +1,11 @@
 """The ``ray`` engine: one plain Ray task per shard (``ray.remote``, ``max_retries``), not Ray Data.
 
-Owns: connecting to (or starting) a cluster, submitting ``engines.convert_shard`` once per
+Owns: connecting to (or starting) a cluster, submitting ``shard.convert_shard`` once per
 shard, feeding the driver's progress bar from the tasks (a small actor the tasks report to)
 and counting retries. Ray Data would regroup rows into its own blocks and break the
 deterministic placement, so each shard's file list travels whole in its task.
 
-Must not: decide placement or write stores (``engines.py`` does).
+Must not: decide placement (``engines.py`` does) or write stores (``shard.py`` does).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_
     Raises:
         ConvertError: a shard failed after its retries (the message names it and why).
     """
-    from fastload.pack.engines import convert_shard
+    from fastload.pack.shard import convert_shard
 
     ray, started_here = connect(engine)
     try:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import importlib.util
+import itertools
 import logging
 import socket
 import threading
@@ -234,9 +235,14 @@ def _protocol(base: type, options: FrontOptions) -> type:
       arrived gets ``linger_s`` of grace (its request is answered 503 + close), then closes
       so; a request under way closes after its answer;
     - at the connection cap, the oldest idle keep-alive connection closes to make room
-      (as ``http.py``), instead of the new client getting 503.
+      (as ``http.py``), instead of the new client getting 503. "Oldest" is the order in
+      which connections became idle, counted, not timed: uvloop's ``loop.time()`` is
+      libuv's ``uv_now``, whole milliseconds, so connections that became idle within one
+      millisecond tied, and ``min`` over uvicorn's connection *set* (hash order) then
+      closed any one of them, not necessarily the oldest.
     """
     seconds, linger_s, cap = options.header_timeout_s, options.linger_s, options.max_connections
+    became_idle = itertools.count()  # the order idle keep-alive connections became idle in
 
     class Protocol(base):
         _deadline: asyncio.TimerHandle | None = None
@@ -247,7 +253,7 @@ def _protocol(base: type, options: FrontOptions) -> type:
         _head: int | None = 0  # bytes of the request head received so far; None once the headers are complete
         _fields = 0
         _too_large = ""
-        idle_since: float | None = None  # when the last answer completed (an idle keep-alive connection)
+        idle_order: int | None = None  # when the last answer completed, as a count (an idle keep-alive connection)
 
         # ---- the header deadline ----------------------------------------------------------
 
@@ -272,7 +278,7 @@ def _protocol(base: type, options: FrontOptions) -> type:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self.idle_since = None
+            self.idle_order = None
             self._head, self._fields = 0, 0
             self._arm()  # the next request on a kept-alive connection
 
@@ -381,15 +387,15 @@ def _protocol(base: type, options: FrontOptions) -> type:
             if self._closing and not self._busy() and not self.transport.is_closing():
                 self._linger_close()
             else:
-                self.idle_since = self.loop.time()
+                self.idle_order = next(became_idle)
 
         def _make_room(self) -> None:
             open_ = [c for c in self.connections if not getattr(c, "lingering", False)]
             if len(open_) <= cap:
                 return
-            idle = [c for c in open_ if getattr(c, "idle_since", None) is not None and not c._busy()]
+            idle = [c for c in open_ if getattr(c, "idle_order", None) is not None and not c._busy()]
             if idle:
-                min(idle, key=lambda c: c.idle_since)._linger_close()
+                min(idle, key=lambda c: c.idle_order)._linger_close()
 
     return Protocol
 

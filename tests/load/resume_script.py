@@ -24,21 +24,11 @@ import time
 import zlib
 
 import torch
-from torch.utils.data import Dataset, IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, get_worker_info
 
 from fastload import DataLoader, LMDBImageDataset
 from fastload.load.transforms import train_transform
-
-
-class Indexed(Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
+from resumable import Indexed
 
 
 class Counting(IterableDataset):

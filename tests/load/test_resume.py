@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from fastload import DataLoader, LMDBImageDataset, ResumeStateError
 from fastload.load.transforms import collate_uint8, train_transform
+from resumable import Indexed, Stateful
 
 SCRIPT = Path(__file__).with_name("resume_script.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,17 +126,6 @@ def test_sigkill_after_checkpoint_then_restart_covers_the_epoch_once(tmp_path, b
 # the loader's own arguments per backend: what a test builds runs once on each
 BACKENDS = [pytest.param({}, id="processes"), pytest.param({"backend": "threads", "num_workers": 2}, id="threads")]
 PAIRS = [pytest.param(a, b, id=f"{a}-to-{b}") for a in ("processes", "threads") for b in ("processes", "threads")]
-
-class Indexed(Dataset):
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
 
 def ids(batches) -> list[list[int]]:
     return [[int(i) for i in b] for b in batches]
@@ -446,28 +436,6 @@ def test_iterable_without_state_is_fast_forwarded(workers):
     fresh = DataLoader(Plain(), batch_size=4, num_workers=workers)
     fresh.load_state_dict(sd)
     assert head + ids(fresh) == whole
-
-
-class Stateful(torch.utils.data.IterableDataset):
-    """0..n-1 split over workers, with its position as its state."""
-
-    def __init__(self, n: int = 24) -> None:
-        self.n, self.pos, self.start = n, 0, 0
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        start, self.start = self.start, 0
-        for i in range(start, self.n):
-            if i % nw == wid:
-                self.pos = i + 1
-                yield torch.tensor(i)
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.start = self.pos = sd["pos"]
 
 
 @pytest.mark.gpu

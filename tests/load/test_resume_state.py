@@ -11,10 +11,11 @@ import copy
 
 import pytest
 import torch
-from torch.utils.data import Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import Dataset, DistributedSampler
 
 from fastload import DataLoader, ResumeStateError
 from fastload.load.state import LoaderState
+from resumable import Stateful
 
 
 class Indexed(Dataset):
@@ -28,28 +29,6 @@ class Indexed(Dataset):
         return torch.tensor(i)
 
 
-class Counting(IterableDataset):
-    """0..n-1 split over workers; its position is its state."""
-
-    def __init__(self, n: int = 24) -> None:
-        self.n, self.pos, self.start = n, 0, 0
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
-        start, self.start = self.start, 0
-        for i in range(start, self.n):
-            if i % nw == wid:
-                self.pos = i + 1
-                yield torch.tensor(i)
-
-    def state_dict(self) -> dict:
-        return {"pos": self.pos}
-
-    def load_state_dict(self, sd: dict) -> None:
-        self.start = self.pos = sd["pos"]
-
-
 def make(kind: str) -> DataLoader:
     if kind == "map":
         return DataLoader(Indexed(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(1))
@@ -57,8 +36,8 @@ def make(kind: str) -> DataLoader:
         ds = Indexed()
         return DataLoader(ds, batch_size=4, sampler=DistributedSampler(ds, num_replicas=1, rank=0, seed=3))
     if kind == "iterable-2w":
-        return DataLoader(Counting(), batch_size=4, num_workers=2)
-    return DataLoader(Counting(), batch_size=4)
+        return DataLoader(Stateful(), batch_size=4, num_workers=2)
+    return DataLoader(Stateful(), batch_size=4)
 
 
 def saved(kind: str) -> dict:

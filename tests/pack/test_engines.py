@@ -169,12 +169,12 @@ def test_address_with_a_local_src_or_dst_needs_shared_fs(tiny_tree, tmp_path):
 
 
 def test_a_shard_published_where_the_driver_cannot_see_it_is_not_counted(tiny_tree, tmp_path, monkeypatch):
-    import fastload.pack.engines as engines
+    import fastload.pack.shard as shard
 
     elsewhere = tmp_path / "other-machine"
-    real = engines._publish
+    real = shard.publish
     # as a task on another machine does with a local DST: its rename lands in that machine's folder
-    monkeypatch.setattr(engines, "_publish", lambda data, dst, name: real(data, str(elsewhere), name))
+    monkeypatch.setattr(shard, "publish", lambda data, dst, name: real(data, str(elsewhere), name))
     dst = tmp_path / "dst"
     with pytest.raises(ConvertError, match=r"shard-00000-of-00002 was reported published, but this machine does "
                                            r"not see it \(missing\)"):
