@@ -16,8 +16,9 @@ answers) each operation keeps retrying, with jittered exponential backoff (0.1 s
 most 2 s between tries), for a **retry budget** of ``RETRY_BUDGET_S`` seconds (30: an endpoint
 gone for 10-20 s, a server restart, is ridden out), then raises naming the URL. The budget comes
 from ``FASTLOAD_REMOTE_RETRY_S`` when set (an environment variable, like the endpoint: it reaches
-DataLoader workers and the download child processes unchanged). obstore retries the request; a
-download whose body breaks mid-way is started again by ``download_file`` within the same budget.
+DataLoader workers and the download child processes unchanged). obstore retries each request;
+``download_file`` (the shard downloads) instead asks obstore for 2 s per request and tries again
+itself, on a new client, until the budget is spent (a body broken mid-way too): see ``_drop_store``.
 
 Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
 """
