@@ -12,15 +12,15 @@ With ``mosaic_url`` (the same images written by MosaicML Streaming's ``MDSWriter
 server, columns ``image: bytes`` and ``label: int``; ``write_mds`` writes it), two more paths:
 ``mosaic-cold`` and ``mosaic-warm``, ``streaming.StreamingDataset`` (its default shuffle) through
 torch's ``DataLoader`` with the same workers, batch size and eval transform (decode with PIL,
-as its users do). Its "downloaded" column is the bytes of its local cache after the epoch (cold)
-or 0 (warm: nothing was missing).
+as its users do). Its "downloaded" column is the bytes of the cache files the epoch wrote (new or
+rewritten shard files), cold or warm.
 
 With ``litdata_url`` (the same images written by LitData's ``optimize()`` in its own chunk format
 to the same server, items ``{"image": bytes, "label": int}``; ``write_litdata`` writes it), two
 more: ``litdata-cold`` and ``litdata-warm``, ``litdata.StreamingDataset`` (``shuffle=True``,
 ``seed=0``) through its ``StreamingDataLoader``, with the same workers, batch size, PIL decode and
-eval transform as the MosaicML path; "downloaded" is likewise the bytes of its local chunk cache
-after a cold epoch. Each LitData epoch runs in a fresh (spawned) process, timed from inside it: its
+eval transform as the MosaicML path; "downloaded" is likewise the bytes of the chunk files the
+epoch wrote into its cache. Each LitData epoch runs in a fresh (spawned) process, timed from inside it: its
 workers download chunks with obstore, whose runtime does not survive ``fork()`` once this process
 has used it (the fastload paths have), and LitData only knows about its own use of it.
 
@@ -227,17 +227,27 @@ def _mosaic_dataset(o: RemoteBenchOptions):
     return _decoding(StreamingDataset, o)
 
 
+def _files(folder: Path, pattern: str) -> dict[str, tuple[int, int]]:
+    """``{path: (size, mtime_ns)}`` of the peer's cache files under ``folder``."""
+    return {str(f): (f.stat().st_size, f.stat().st_mtime_ns) for f in folder.rglob(pattern)}
+
+
+def _written(folder: Path, pattern: str, before: dict[str, tuple[int, int]]) -> int:
+    """Bytes of the cache files that are new or rewritten since ``before``: the epoch's downloads, cold or warm."""
+    return sum(size for f, (size, mtime) in _files(folder, pattern).items() if before.get(f) != (size, mtime))
+
+
 def _mosaic_epoch(url: str, o: RemoteBenchOptions, local: Path) -> Epoch:
     import torch
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
-    cold = not local.exists()
+    before = _files(local, "*.mds") if local.exists() else {}
     t0 = time.perf_counter()
     ds = _mosaic_dataset(o)(remote=url, local=str(local), shuffle=True, shuffle_seed=0, batch_size=o.batch_size)
     # torch's DataLoader, as MosaicML Streaming's docs use it
     loader = torch.utils.data.DataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
-    r = _drain(loader, t0, lambda: sum(f.stat().st_size for f in local.rglob("*.mds")) if cold else 0)
+    r = _drain(loader, t0, lambda: _written(local, "*.mds", before))
     del loader, ds
     return r
 
@@ -263,14 +273,14 @@ def _litdata_epoch_here(url: str, o: RemoteBenchOptions, local: str) -> Epoch:
     # as it has in a user's script (else its workers start slower than the other paths')
     multiprocessing.set_start_method(None, force=True)
     cache = Path(local)
-    cold = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
+    before = _files(cache, "*.bin")
     t0 = time.perf_counter()
     ds = StreamingDataset(input_dir=url, cache_dir=str(cache), shuffle=True, seed=0,
                           transform=_PeerDecode(o.image_size))  # LitData's own transform hook
     # LitData's own loader, as its docs use it
     loader = StreamingDataLoader(ds, batch_size=o.batch_size, num_workers=o.workers)
-    r = _drain(loader, t0, lambda: sum(f.stat().st_size for f in cache.rglob("*.bin")) if cold else 0)
+    r = _drain(loader, t0, lambda: _written(cache, "*.bin", before))
     del loader, ds
     return r
 

@@ -33,7 +33,7 @@ PROFILE = "fastload.profiling.profile:ProfileOptions"
               help="Rerun with the top change fastload can apply from outside (worker count, pin_memory, the uint8 "
                    "presets on a torchvision ImageFolder) and print predicted vs measured.")
 @click.option("--verify-change", type=click.Choice(["num_workers", "pin_memory", "uint8_presets"]), default=None,
-              help="With --verify-fix: verify this change instead of the top one (the top recommendation that "
+              help="Implies --verify-fix: verify this change instead of the top one (the top recommendation that "
                    "makes it, else its prediction, e.g. one that says it will not help).")
 @click.option("--kineto-steps", type=click.IntRange(min=0), default=Default(PROFILE, "kineto_steps"),
               show_default=True,

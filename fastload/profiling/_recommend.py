@@ -116,7 +116,8 @@ def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, An
         u = s["uint8_presets"]
         return {"change": UINT8_CHANGE, "stage": "fast", "apply": {"uint8_presets": True}, "verify_gain": u,
                 "expected_gain": u["device"] if u["device"] is not None else u["main process"],
-                "verify_why": "asked for (--verify-change) though not recommended: checking its prediction"}
+                "verify_why": "asked for (--verify-change) though not recommended: checking its prediction",
+                **({"bound": True} if s["loader"].get("backend") == "threads" else {})}  # no thread model: a bound
     if only not in (None, "num_workers"):
         return None
     for p in s.get("predictions", []):

@@ -252,8 +252,8 @@ def test_dali_loader_from_the_node_cache_gives_the_local_batches(store_url, loca
 def test_dali_two_ranks_by_shards_with_a_cache_smaller_than_the_store(tiny_tree, s3_server, fresh_bucket,
                                                                        tmp_path_factory):
     """Two ranks on one node read a 12-shard store at once: disjoint, covering, equal batches, in the
-    ShardSampler's order; each shard downloaded once in the cold epoch, through a cache that holds 9 of the
-    12 shards (never over it)."""
+    ShardSampler's order; the cold epoch's first 12 downloads are the 12 shards, once each, through a cache
+    that holds 9 of the 12 shards (never over it after any step)."""
     from fastload.dali import DALILoader, DALIOptions
     from fastload.load.shards import ShardSampler
     from fastload.store.cache import node_downloads
@@ -280,6 +280,7 @@ def test_dali_two_ranks_by_shards_with_a_cache_smaller_than_the_store(tiny_tree,
             for (_x0, _y0, i0), (_x1, _y1, i1) in zip(*loaders, strict=True):  # in lock-step, like DDP ranks
                 seen[0] += i0.tolist()
                 seen[1] += i1.tolist()
+                assert loaders[0]._reader.cache.usage() <= limit  # after every step, not only at the end
             assert len(seen[0]) == len(seen[1]) == 12 and sorted(seen[0] + seen[1]) == list(range(24))
             for r in range(2):
                 s = ShardSampler([x.count for x in man.shards], num_replicas=2, rank=r, seed=5, window=1)

@@ -175,6 +175,12 @@ def test_without_cuda_the_prediction_moves_the_normalising_into_the_training_pro
     pick = change_to_verify({**s, "recommendations": recs}, "uint8_presets")
     assert pick["apply"] == {"uint8_presets": True} and "not recommended" in pick["verify_why"]
     assert verify_prediction(pick, {"uint8_presets": {"normalise": "main process"}})[0] == pytest.approx(1.0, abs=0.01)
+    assert not pick.get("bound")
+    # loader threads: no thread model, so the figure checked is an upper bound ("up to"), not a prediction
+    s = _summary(workers=2, floats=0.6)
+    s["loader"]["backend"] = "threads"
+    _, recs = recommend(s, plan_workers=2, has_gpu=False)
+    assert change_to_verify({**s, "recommendations": recs}, "uint8_presets")["bound"]
     # 2 workers that deliver a batch (8 x 25 ms) every 100 ms, the measured step: the float work leaves 2
     # parallel workers for the one training process, 120 ms of it per step there: slower
     s = _summary(workers=2, floats=0.6, per_sample_ms=25.0)
