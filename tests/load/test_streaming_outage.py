@@ -79,10 +79,10 @@ def _reads_every_shard(server, ds, within: float = 60.0) -> bool:
     return True
 
 
-# A request that connects while the restarted server is coming back can wait out obstore's 30 s request
-# timeout (seen in 2 of ~8 runs beside two CPU burners, and once in CI): with the default 30 s budget that one
-# request spends it all. Not fixed (docs/streaming.md says so); the outage is ridden out with a budget that
-# leaves room for one such request after it
+# With the default 30 s budget the download kept failing after the restart until the budget was spent in 2 of
+# ~8 runs beside two CPU burners and once in CI (our reading, not proven: a request that connects while the
+# server comes back waits out obstore's 30 s request timeout). Not fixed (docs/streaming.md says so); the
+# outage is ridden out with a budget that leaves room for one such request after it
 OUTAGE_BUDGET_S = 60
 
 
