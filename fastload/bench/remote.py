@@ -229,7 +229,7 @@ def _mosaic_dataset(o: RemoteBenchOptions):
 
 def _files(folder: Path, pattern: str) -> dict[str, tuple[int, int]]:
     """``{path: (size, mtime_ns)}`` of the peer's cache files under ``folder``."""
-    return {str(f): (f.stat().st_size, f.stat().st_mtime_ns) for f in folder.rglob(pattern)}
+    return {str(f): (st.st_size, st.st_mtime_ns) for f in folder.rglob(pattern) for st in (f.stat(),)}
 
 
 def _written(folder: Path, pattern: str, before: dict[str, tuple[int, int]]) -> int:

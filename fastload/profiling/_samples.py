@@ -217,6 +217,15 @@ def _timed_sample(original, key: str | None):
     return timed
 
 
+def _marked(inner, fn):
+    """``inner``, the profiling wrap of ``fn``: marked so that it is never wrapped twice, and named as ``fn``."""
+    inner._fastload_profile = True  # type: ignore[attr-defined]
+    inner.__wrapped__ = fn  # type: ignore[attr-defined]
+    inner.__name__ = getattr(fn, "__name__", "wrapped")
+    inner.__doc__ = getattr(fn, "__doc__", None)
+    return inner
+
+
 def _timed(fn, part: str):
     if getattr(fn, "_fastload_profile", False):
         return fn
@@ -233,11 +242,7 @@ def _timed(fn, part: str):
             st.region = None
             st.parts[part] += time.perf_counter() - t0
 
-    inner._fastload_profile = True  # type: ignore[attr-defined]
-    inner.__wrapped__ = fn  # type: ignore[attr-defined]
-    inner.__name__ = getattr(fn, "__name__", "wrapped")
-    inner.__doc__ = getattr(fn, "__doc__", None)
-    return inner
+    return _marked(inner, fn)
 
 
 def _timed_own(fn, part: str, name: str | None = None):
@@ -260,11 +265,7 @@ def _timed_own(fn, part: str, name: str | None = None):
             if name is not None:
                 st.transforms[name] = st.transforms.get(name, 0.0) + own
 
-    inner._fastload_profile = True  # type: ignore[attr-defined]
-    inner.__wrapped__ = fn  # type: ignore[attr-defined]
-    inner.__name__ = getattr(fn, "__name__", "wrapped")
-    inner.__doc__ = getattr(fn, "__doc__", None)
-    return inner
+    return _marked(inner, fn)
 
 
 def _patch_fastload() -> None:

@@ -400,18 +400,23 @@ def test_time_budget_ends_the_profile_and_says_how_to_measure_more(tmp_path):
     assert time.monotonic() - t0 < 100
 
 
+def _verify_fix_run(tmp_path, steps: int, **env):
+    """``fastload profile --verify-fix`` of the sleeping script: (out, process, its verify_fix record, its line)."""
+    out = tmp_path / "out"
+    proc = run_profile_cli(tmp_path, ["--steps", str(steps), "--warmup", "2", "--out", str(out), "--verify-fix"],
+                           SAMPLE_SLEEP="0.010", STEP_SLEEP="0.020", **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    v = json.loads((out / "profile.json").read_text())["verify_fix"]
+    return out, proc, v, next(x for x in proc.stdout.splitlines() if x.startswith("verify-fix:"))
+
+
 def test_verify_fix_says_plainly_when_the_change_was_not_applied(tmp_path):
     # a loader iterated through watch(): the worker count cannot be set from outside. The rerun is the same
     # code, so any ratio between the runs is the machine's load: it printed "applied {}" and "measured 1.50x,
     # outside the noise". Now: NOT APPLIED, and no measured-vs-predicted claim.
-    out = tmp_path / "out"
-    proc = run_profile_cli(tmp_path, ["--steps", "12", "--warmup", "2", "--out", str(out), "--verify-fix"],
-                           SAMPLE_SLEEP="0.010", STEP_SLEEP="0.020", WATCH="1")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    v = json.loads((out / "profile.json").read_text())["verify_fix"]
+    out, proc, v, line = _verify_fix_run(tmp_path, 12, WATCH="1")
     assert v["apply"]["num_workers"] >= 1 and v["applied"] == {}
     assert "could not be set" in v["not_applied"] and v["measured"] is None and v["outside_noise"] is None
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("verify-fix:"))
     assert "NOT APPLIED" in line and "measured" not in line.replace("nothing is measured", "")
     assert "outside the noise" not in proc.stdout
     assert not (out / "verify" / "round2-baseline").exists()  # no further runs for a change it did not make
@@ -420,14 +425,9 @@ def test_verify_fix_says_plainly_when_the_change_was_not_applied(tmp_path):
 def test_verify_fix_compares_nothing_when_the_changed_run_fails(tmp_path):
     # the change (workers) breaks the script: the changed run exits with a failure after 0 steps. It was
     # compared all the same (a ratio of images/s over the steps it had); now it is named as failed
-    out = tmp_path / "out"
-    proc = run_profile_cli(tmp_path, ["--steps", "10", "--warmup", "2", "--out", str(out), "--verify-fix"],
-                           SAMPLE_SLEEP="0.010", STEP_SLEEP="0.020", FAIL_IN_WORKER="1")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    v = json.loads((out / "profile.json").read_text())["verify_fix"]
+    out, _proc, v, line = _verify_fix_run(tmp_path, 10, FAIL_IN_WORKER="1")
     assert v["apply"]["num_workers"] >= 1 and v["measured"] is None
     assert "the changed run exited with status 1" in v["failed"]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("verify-fix:"))
     assert line.startswith("verify-fix: FAILED:") and "images/s" not in line and "predicted" not in line
     assert not (out / "verify" / "round2-baseline").exists()
 
