@@ -19,6 +19,11 @@ from ``FASTLOAD_REMOTE_RETRY_S`` when set (an environment variable, like the end
 DataLoader workers and the download child processes unchanged). obstore retries each request;
 ``download_file`` (the shard downloads) instead asks obstore for 2 s per request and tries again
 itself, on a new client, until the budget is spent (a body broken mid-way too): see ``_drop_store``.
+Reads (GET, HEAD, LIST: ``_store(reads=True)``) also give up on a connection the server accepted but
+sends nothing on for ``_STALL_S`` seconds (10: obstore's ``read_timeout``), and ask again on a new
+one: without it such a request waits for the whole request timeout (300 s, sized for big shards) with
+no retry, as a request that connected while a restarted endpoint came back did. Writes have no
+such limit (a server may take longer than that to answer a large upload's last part).
 
 Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
 """
@@ -80,6 +85,9 @@ def retry_config(budget: float) -> dict:
 
 
 _CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
+#: Reads: seconds without a byte from the server before the request is given up and asked again (a request
+#: whose connection the server accepted and then never answered: a restarting endpoint, a hung server).
+_STALL_S = 10
 _MULTIPART = 16 << 20  # upload_file: parts of this size above it
 
 _STORES: dict[tuple, Any] = {}
@@ -124,13 +132,14 @@ class RemoteLocation:
         return f"{self.scheme}://{self.bucket}/{self.prefix}"
 
 
-def _store(loc: RemoteLocation, attempt_s: float | None = None):
+def _store(loc: RemoteLocation, attempt_s: float | None = None, *, reads: bool = False):
     """This process's client for one bucket (built on first use, from the environment); obstore retries
-    each request for the retry budget, or for ``attempt_s`` at most (the caller then retries itself)."""
+    each request for the retry budget, or for ``attempt_s`` at most (the caller then retries itself).
+    ``reads``: the client for GET, HEAD and LIST, which also gives up on a silent server (``_STALL_S``)."""
     # the environment is part of the key: credentials changed in this process take effect
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
     budget = retry_budget() if attempt_s is None else min(retry_budget(), attempt_s)
-    key = (os.getpid(), loc.scheme, loc.bucket, env, budget)
+    key = (os.getpid(), loc.scheme, loc.bucket, env, budget, reads)
     hit = _STORES.get(key)
     if hit is not None:
         return hit
@@ -140,6 +149,8 @@ def _store(loc: RemoteLocation, attempt_s: float | None = None):
         raise MissingDependencyError(f"{loc}: object storage needs obstore.\nHINT: pip install 'fastload[s3]'") \
             from None
     client = dict(_CLIENT)
+    if reads:
+        client["read_timeout"] = f"{_STALL_S}s"
     if loc.scheme in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         client["allow_http"] = True  # the user named a plain-http endpoint (a local MinIO or SeaweedFS)
     with _STORES_LOCK:
@@ -194,7 +205,7 @@ def get_bytes(url: str | RemoteLocation) -> bytes:
 
     loc = RemoteLocation.parse(url)
     try:
-        return bytes(obstore.get(_store(loc), loc.prefix).bytes())
+        return bytes(obstore.get(_store(loc, reads=True), loc.prefix).bytes())
     except RemoteStoreError:
         raise
     except Exception as exc:
@@ -207,7 +218,7 @@ def get_range(url: str | RemoteLocation, start: int, length: int) -> bytes:
 
     loc = RemoteLocation.parse(url)
     try:
-        return bytes(obstore.get_range(_store(loc), loc.prefix, start=start, length=length))
+        return bytes(obstore.get_range(_store(loc, reads=True), loc.prefix, start=start, length=length))
     except RemoteStoreError:
         raise
     except Exception as exc:
@@ -220,7 +231,7 @@ def open_reader(url: str | RemoteLocation):
 
     loc = RemoteLocation.parse(url)
     try:
-        return _Reader(obstore.open_reader(_store(loc), loc.prefix, buffer_size=4 << 20))
+        return _Reader(obstore.open_reader(_store(loc, reads=True), loc.prefix, buffer_size=4 << 20))
     except RemoteStoreError:
         raise
     except Exception as exc:
@@ -310,7 +321,7 @@ def _drop_store(loc: RemoteLocation, attempt_s: float) -> None:
     budget = min(retry_budget(), attempt_s)
     with _STORES_LOCK:
         for key in [k for k in _STORES if k[0] == os.getpid() and k[1:3] == (loc.scheme, loc.bucket)
-                    and k[4] == budget]:
+                    and k[4] == budget and k[5]]:
             del _STORES[key]
 
 
@@ -326,7 +337,7 @@ def _stream_to(loc: RemoteLocation, tmp: Path) -> int:
     while the body streams is ``_BodyBroken``."""
     import obstore
 
-    result = obstore.get(_store(loc, _ATTEMPT_S), loc.prefix)
+    result = obstore.get(_store(loc, _ATTEMPT_S, reads=True), loc.prefix)
     size = 0
     with open(tmp, "wb") as f:
         chunks = iter(result.stream(min_chunk_size=8 << 20))
@@ -395,7 +406,7 @@ def stat(url: str | RemoteLocation) -> tuple[int, str] | None:
 
     loc = RemoteLocation.parse(url)
     try:
-        meta = obstore.head(_store(loc), loc.prefix)
+        meta = obstore.head(_store(loc, reads=True), loc.prefix)
         return int(meta["size"]), _version(meta)
     except RemoteStoreError:
         raise
@@ -406,7 +417,7 @@ def stat(url: str | RemoteLocation) -> tuple[int, str] | None:
         raise _error(loc, "looking up", exc) from None
     parent = RemoteLocation(loc.scheme, loc.bucket, loc.prefix.rsplit("/", 1)[0] if "/" in loc.prefix else "")
     try:  # one page of one key is enough to raise NoSuchBucket
-        next(iter(obstore.list(_store(loc), prefix=parent.prefix or None, chunk_size=1)), None)
+        next(iter(obstore.list(_store(loc, reads=True), prefix=parent.prefix or None, chunk_size=1)), None)
     except Exception as exc:
         raise _error(loc, "looking up", exc) from None
     return None
@@ -446,7 +457,7 @@ def list_objects(url: str | RemoteLocation) -> list[tuple[str, int, str]]:
     if memo is not None and str(loc) in memo:
         return memo[str(loc)]
     try:
-        store = _store(loc)
+        store = _store(loc, reads=True)
         out = []
         for batch in obstore.list(store, prefix=loc.prefix or None, chunk_size=1000):
             for meta in batch:

@@ -54,12 +54,16 @@ def sharded_store(tree: Path, dst: Path, shards: int) -> Path:
 
 class Proxy:
     """A loopback TCP proxy to ``target_port``: ``rate`` bytes/s towards the client (None: unlimited);
-    ``down()`` closes every connection and refuses new ones until ``up()``."""
+    ``down()`` closes every connection and refuses new ones until ``up()``; ``hang()`` closes every
+    connection and accepts new ones but never answers them (held open until ``close()``: a server that
+    has its port back but does not serve yet), until ``up()``."""
 
     def __init__(self, target_port: int, rate: float | None = None) -> None:
         self.target, self.rate = target_port, rate
         self._up = threading.Event()
         self._up.set()
+        self._hang = False
+        self.held: list[socket.socket] = []  # hang(): the connections accepted and never answered
         self._stop = False
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -81,6 +85,9 @@ class Proxy:
                 client, _ = self.sock.accept()
             except OSError:
                 return
+            if self._hang:
+                self.held.append(client)
+                continue
             if not self._up.is_set():
                 client.close()
                 continue
@@ -123,10 +130,17 @@ class Proxy:
                     pass
             self._conns.clear()
 
+    def hang(self) -> None:
+        self.down()
+        self._hang = True
+
     def up(self) -> None:
+        self._hang = False
         self._up.set()
 
     def close(self) -> None:
         self._stop = True
+        for c in self.held:
+            c.close()
         self.down()
         self.sock.close()

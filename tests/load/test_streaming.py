@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -133,6 +134,44 @@ def test_endpoint_gone_then_back(store_url, s3_server, tmp_path, monkeypatch, sh
         assert not any((tmp_path / "cache" / ds._reader.cache.key / ".partial").iterdir())
         proxy.up()
         assert ds.get_bytes(0)  # the same reader works once the endpoint is back
+    finally:
+        proxy.close()
+
+
+def test_a_download_connected_while_the_endpoint_hangs_gets_through_once_it_serves(
+        store_url, local_shards, s3_server, tmp_path, monkeypatch):
+    """The outage of issue #25 as seen by the client: the endpoint has its port back but does not answer yet
+    (a restarting server), a download connects then, and the endpoint serves again. With the default budget
+    the download gets through; before, the request waited for the whole request timeout (300 s)."""
+    monkeypatch.delenv(remote.RETRY_ENV, raising=False)
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        monkeypatch.setattr(remote, "_STORES", {})
+        ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")  # the manifest read while it serves
+        proxy.hang()
+        out: dict = {}
+
+        def read() -> None:
+            try:
+                out["bytes"] = ds.get_bytes(0)
+            except BaseException as exc:  # noqa: BLE001 (said below)
+                out["error"] = exc
+
+        thread = threading.Thread(target=read, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not proxy.held and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proxy.held, "no request connected while the endpoint hung"
+        time.sleep(1)
+        proxy.up()
+        t_up = time.monotonic()
+        thread.join(remote._STALL_S + 15)
+        assert not thread.is_alive(), "the download still waits on a request the endpoint never answered"
+        assert "error" not in out, repr(out.get("error"))
+        assert out["bytes"] == fastload.LMDBImageDataset(local_shards).get_bytes(0)
+        assert time.monotonic() - t_up < remote._STALL_S + 5
     finally:
         proxy.close()
 

@@ -3,6 +3,10 @@ people meet (wrong credentials, missing bucket, unreachable endpoint) named in o
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 
 from fastload.errors import RemoteStoreError
@@ -78,6 +82,66 @@ def test_unreachable_endpoint_is_named(monkeypatch, refused_endpoint):
         remote.get_bytes("s3://bucket/key")
     assert err.value.reason == "endpoint" and refused_endpoint in str(err.value), str(err.value)
     assert "s3://bucket/key" in str(err.value)
+
+
+@pytest.fixture
+def silent_endpoint(monkeypatch):
+    """``http://127.0.0.1:PORT`` where connections are accepted and never answered (a hung server, or one
+    that has its port back but does not serve yet); the stall limit cut to 1 s, the budget to 3 s."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.getsockname()[1]}", "AWS_ACCESS_KEY_ID": "k",
+                        "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1", remote.RETRY_ENV: "3"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(remote, "_STALL_S", 1)
+    monkeypatch.setattr(remote, "_STORES", {})
+    try:
+        yield held
+    finally:
+        srv.close()
+        for c in held:
+            c.close()
+
+
+@pytest.mark.parametrize("op", ["get_bytes", "get_range", "stat", "list_objects", "download_file"])
+def test_a_server_that_never_answers_is_asked_again_then_named(silent_endpoint, tmp_path, op):
+    """Without a limit on silence, each of these waited for the whole request timeout (300 s), not retried."""
+    call = {"get_bytes": lambda: remote.get_bytes("s3://bucket/key"),
+            "get_range": lambda: remote.get_range("s3://bucket/key", 0, 10),
+            "stat": lambda: remote.stat("s3://bucket/key"),
+            "list_objects": lambda: remote.list_objects("s3://bucket/key"),
+            "download_file": lambda: remote.download_file("s3://bucket/key", tmp_path / "out")}[op]
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 (said below)
+            out["error"] = exc
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), f"{op} still waits on a server that never answers after 30 s"
+    took = time.monotonic() - t0
+    error = out.get("error")
+    assert isinstance(error, RemoteStoreError) and error.reason == "endpoint", repr(error)
+    assert "s3://bucket/key" in str(error)
+    assert len(silent_endpoint) >= 2, "asked once: not again on a new connection"
+    assert 3 <= took < 3 + 1 + 5, took  # the budget, then at most one more silence and a backoff
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 
 def test_retry_budget_default_and_from_the_environment(monkeypatch):
