@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastload.errors import CacheFullError, ShardIntegrityError
+from fastload.errors import CacheFullError, RemoteStoreError, ShardIntegrityError
 
 __all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "node_downloads", "CACHE_META"]
 
@@ -290,6 +290,8 @@ class ShardCache:
     def _download(self, spec: ShardSpec, *, blocking: bool) -> bool:
         dl = self._lock(spec, "dl")
         fd = os.open(dl, os.O_RDWR | os.O_CREAT, 0o644)
+        failed = dl.with_suffix(".failed")
+        waiting_since = time.time()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
@@ -297,6 +299,7 @@ class ShardCache:
                 return False  # another process downloads it: the reader will wait for that one
             if self.cached(spec):
                 return True
+            self._replay_failure(failed, waiting_since)
             final = self.path(spec)
             if final.exists():  # an older version of this shard (the manifest changed): replace it
                 if not self._evict_one(final):
@@ -311,6 +314,16 @@ class ShardCache:
                 return False
             try:
                 self._fetch_checked(spec, final)
+            except RemoteStoreError as exc:
+                # the readers queued on this lock meet this failure at once instead of each retrying for a
+                # whole budget of its own after it (8 workers on a dead endpoint: 8 budgets, one after another)
+                with contextlib.suppress(OSError):
+                    failed.write_text(json.dumps({"time": time.time(), "message": exc.args[0], "url": exc.url,
+                                                  "reason": exc.reason}))
+                raise
+            else:
+                with contextlib.suppress(OSError):
+                    failed.unlink()
             finally:
                 # under the global lock: an accountant must see the reservation or the shard that
                 # replaced it (a scan between the rename and the unlink would otherwise see neither)
@@ -321,6 +334,18 @@ class ShardCache:
             return True
         finally:
             os.close(fd)
+
+    @staticmethod
+    def _replay_failure(failed: Path, waiting_since: float) -> None:
+        """Raise the error of the download of this shard that failed while this reader waited for its lock."""
+        try:
+            f = json.loads(failed.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(f, dict) and f.get("time", 0.0) >= waiting_since:
+            head, sep, rest = str(f.get("message", "")).partition("\n")
+            raise RemoteStoreError(f"{head} (the download this reader waited for failed so; not retried again)"
+                                   f"{sep}{rest}", url=f.get("url", ""), reason=f.get("reason", "other"))
 
     def _fetch_checked(self, spec: ShardSpec, final: Path) -> None:
         part_dir = self.root / ".partial" / f"{spec.name}.{os.getpid()}.{threading.get_ident()}"

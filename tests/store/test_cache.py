@@ -234,3 +234,33 @@ def test_meta_marks_ours(tmp_path):
     assert (lease.path / CACHE_META).exists()
     assert ShardCache.key_for("s3://b/x/") == ShardCache.key_for("s3://b/x")
     lease.release()
+
+
+def test_readers_queued_on_a_failed_download_fail_with_it_not_one_budget_each(tmp_path):
+    # the endpoint is gone: the first reader's download retries for its whole budget (here 1 s), then fails.
+    # The readers that waited on its lock used to start a budget of their own each, one after another (8
+    # workers on one shard: 8 budgets); now they meet the same error at once, and a later reader tries again
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastload.errors import RemoteStoreError
+
+    specs = make_remote(tmp_path / "remote", 1)
+    calls = []
+
+    def dead(url: str, dest: Path) -> None:
+        calls.append(url)
+        time.sleep(1.0)
+        raise RemoteStoreError(f"{url}: cannot reach the endpoint (retried for 1 s).\nHINT: is it up?", url=url,
+                               reason="endpoint")
+
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=dead)
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(cache.acquire, specs[0]) for _ in range(4)]
+        errors = [f.exception() for f in futures]
+    assert all(isinstance(e, RemoteStoreError) and e.url == specs[0].url and e.reason == "endpoint" for e in errors)
+    assert len(calls) == 1 and time.monotonic() - t0 < 2.5  # one budget, not four
+    assert sum("not retried again" in str(e) for e in errors) == 3 and "HINT: is it up?" in str(errors[1])
+    with pytest.raises(RemoteStoreError):  # a reader that comes later tries the endpoint again
+        cache.acquire(specs[0])
+    assert len(calls) == 2
