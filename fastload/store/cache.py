@@ -315,8 +315,11 @@ class ShardCache:
             try:
                 self._fetch_checked(spec, final)
             except RemoteStoreError as exc:
-                # the readers queued on this lock meet this failure at once instead of each retrying for a
-                # whole budget of its own after it (8 workers on a dead endpoint: 8 budgets, one after another)
+                # the readers queued on this lock meet an endpoint failure (a whole retry budget spent) at once
+                # instead of each retrying for a budget of its own after it (8 workers on a dead endpoint: 8
+                # budgets, one after another); any other failure costs a queued reader one request: it asks itself
+                if exc.reason != "endpoint":
+                    raise
                 with contextlib.suppress(OSError):
                     failed.write_text(json.dumps({"time": time.time(), "message": exc.args[0], "url": exc.url,
                                                   "reason": exc.reason}))

@@ -357,11 +357,13 @@ def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> in
 
     A transient failure (the endpoint unreachable, a 5xx answer, a body that breaks mid-way) is asked
     again, from the start, until the retry budget (from the first try) is spent; the partial file is
-    never kept."""
+    never kept. "No such object" is final at once, unless this download met the endpoint away before:
+    a server coming back may answer so for objects it holds (SeaweedFS did, for a second after a
+    restart), so it is asked again within the same budget."""
     loc = RemoteLocation.parse(url)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    deadline, pause = time.monotonic() + retry_budget(), 0.1
+    deadline, pause, met_outage = time.monotonic() + retry_budget(), 0.1, False
     try:
         while True:
             try:
@@ -369,8 +371,11 @@ def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> in
                 break
             except Exception as exc:
                 now = time.monotonic()
-                if isinstance(exc, RemoteStoreError) or now >= deadline or not _transient(loc, exc):
+                transient = not isinstance(exc, RemoteStoreError) and _transient(loc, exc)
+                recovering = met_outage and isinstance(exc, FileNotFoundError)
+                if now >= deadline or not (transient or recovering):
                     raise exc.exc if isinstance(exc, _BodyBroken) else exc
+                met_outage = met_outage or transient
                 _drop_store(loc, _ATTEMPT_S)  # the next try on a new client (a new connection pool)
                 time.sleep(min(pause, deadline - now))
                 pause = min(pause * 2, 2.0)

@@ -6,6 +6,7 @@ import errno
 import hashlib
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -264,3 +265,30 @@ def test_readers_queued_on_a_failed_download_fail_with_it_not_one_budget_each(tm
     with pytest.raises(RemoteStoreError):  # a reader that comes later tries the endpoint again
         cache.acquire(specs[0])
     assert len(calls) == 2
+
+
+def test_readers_queued_on_a_download_that_found_no_object_ask_themselves(tmp_path):
+    # "no such object" cost the first download one request, not a budget: a queued reader asks again itself
+    # (a server coming back from a restart answered so for a moment, for objects it held)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastload.errors import RemoteStoreError
+
+    specs = make_remote(tmp_path / "remote", 1)
+    calls = []
+
+    def missing_once(url: str, dest: Path) -> None:
+        calls.append(url)
+        if len(calls) == 1:
+            time.sleep(0.5)  # the other readers queue on the lock meanwhile
+            raise RemoteStoreError(f"{url}: downloading failed: no such object.", url=url, reason="missing")
+        shutil.copyfile(url, dest)
+
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=missing_once)
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(cache.acquire, specs[0]) for _ in range(3)]
+        outcomes = [f.exception() or f.result() for f in futures]
+    assert sum(isinstance(o, RemoteStoreError) for o in outcomes) == 1 and len(calls) == 2, (outcomes, calls)
+    for o in outcomes:
+        if not isinstance(o, Exception):
+            o.release()

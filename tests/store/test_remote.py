@@ -144,6 +144,50 @@ def test_a_server_that_never_answers_is_asked_again_then_named(silent_endpoint, 
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 
+def _answers(monkeypatch, *answers):
+    """remote._stream_to replaced by a server that gives ``answers`` in turn (an exception, or bytes)."""
+    calls = []
+
+    def stream_to(loc, tmp):
+        answer = answers[min(len(calls), len(answers) - 1)]
+        calls.append(answer)
+        if isinstance(answer, BaseException):
+            raise answer
+        tmp.write_bytes(answer)
+        return len(answer)
+
+    monkeypatch.setattr(remote, "_stream_to", stream_to)
+    monkeypatch.setattr(remote, "_drop_store", lambda loc, attempt_s: None)
+    monkeypatch.setenv(remote.RETRY_ENV, "5")
+    return calls
+
+
+GONE = OSError("Generic S3 error: Error performing GET http://127.0.0.1:1/b/k - HTTP error: error sending request")
+NO_SUCH = FileNotFoundError("Object at location k not found: NoSuchKey")
+
+
+def test_a_download_asks_again_when_a_server_back_from_an_outage_says_no_such_object(monkeypatch, tmp_path):
+    # SeaweedFS, for a second after a restart, answered 404 NoSuchKey for objects it held
+    calls = _answers(monkeypatch, GONE, NO_SUCH, NO_SUCH, b"shard")
+    assert remote.download_file("s3://b/k", tmp_path / "out") == 5 and len(calls) == 4
+    assert (tmp_path / "out").read_bytes() == b"shard"
+
+
+def test_a_download_that_finds_no_object_fails_at_once_and_after_an_outage_within_the_budget(monkeypatch, tmp_path):
+    calls = _answers(monkeypatch, NO_SUCH)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteStoreError) as err:
+        remote.download_file("s3://b/k", tmp_path / "out")
+    assert err.value.reason == "missing" and len(calls) == 1 and time.monotonic() - t0 < 1  # never asked again
+    calls = _answers(monkeypatch, GONE, NO_SUCH)
+    t0 = time.monotonic()
+    with pytest.raises(RemoteStoreError) as err:  # still missing once the endpoint is back: named when the budget ends
+        remote.download_file("s3://b/k", tmp_path / "out")
+    assert err.value.reason == "missing" and "s3://b/k" in str(err.value), str(err.value)
+    assert 5 <= time.monotonic() - t0 < 8 and len(calls) > 3
+    assert not (tmp_path / "out").exists()
+
+
 def test_retry_budget_default_and_from_the_environment(monkeypatch):
     monkeypatch.delenv(remote.RETRY_ENV, raising=False)
     assert remote.retry_budget() == remote.RETRY_BUDGET_S == 30
