@@ -4,13 +4,16 @@ the same ports and data; the session's shared server is not touched.
 
 After its *first* restart, ``weed mini`` answers 500, and for about a second 404 NoSuchKey for
 objects it holds, for a few seconds after its S3 port opens (seen in the first of 4 stop/start cycles,
-in each of two probes; later restarts were clean). A 404 is never retried (a deleted shard must be a
-named error at once), so the outage test restarts its server once before the measured outage."""
+in each of two probes; later restarts were mostly clean, but once, under load, a later one did the same
+and failed the epoch). A 404 is retried only by a download that met the endpoint away first (a deleted
+shard must be a named error at once); the outage test restarts its server once before the measured
+outage, so the outage it measures is the usual one."""
 
 from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -63,8 +66,11 @@ def _reads_every_shard(server, ds, within: float = 60.0) -> bool:
 
     from s3 import ACCESS_KEY, REGION, SECRET_KEY
 
+    # each request bounded (a restarting server may accept a connection and not answer it: without a limit
+    # the probe waited 30 s on it and called a server that served the client at once "not serving")
     store = S3Store("outage", endpoint=server.endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY,
-                    region=REGION, client_options={"allow_http": True})
+                    region=REGION, client_options={"allow_http": True, "timeout": "3s", "connect_timeout": "1s"},
+                    retry_config={"max_retries": 0, "retry_timeout": timedelta(seconds=1)})
     deadline = time.monotonic() + within
     for spec in ds._reader.specs:
         key = spec.url.split("/", 3)[3]
@@ -126,15 +132,14 @@ def test_endpoint_down_10s_mid_epoch_is_ridden_out(own_server, published, tmp_pa
     finally:
         if thread.ident is not None:
             thread.join()
-    # a server that did not come back in time is the test machine's failure, not the client's: say which
-    if "back" not in times or times["back"] - times["stopped"] >= OUTAGE_BUDGET_S - 5:
-        # the server's failure, not the client's (a loaded machine once took 31 s to bring it back serving):
-        # nothing about the client is shown
-        pytest.skip(f"the restarted SeaweedFS was not serving its objects again within the budget: {times}; its "
-                    f"log: {own_server.log.read_text()[-800:] if own_server.log else ''}")
     if error is not None:
+        # a server that did not come back in time is the test machine's failure, not the client's (a loaded
+        # machine once took 31 s to bring it back serving): then nothing about the client is shown
+        if "back" not in times or times["back"] - times["stopped"] >= OUTAGE_BUDGET_S - 5:
+            pytest.skip(f"the restarted SeaweedFS was not serving its objects again within the budget: {times}; "
+                        f"its log: {own_server.log.read_text()[-800:] if own_server.log else ''}")
         raise error
-    away = times["back"] - times["stopped"]
+    away = times["restart"] - times["stopped"]
     assert away >= 10, f"the server was away {away:.1f} s"
     # the epoch is whole and exact: the same batches as from the local shards, in the same order
     assert len(got) == len(expected)
