@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
 import pytest
 
+import ddp
 from fastload.store.cache import node_downloads
 from remote_helpers import publish, sharded_store
 
-SCRIPT = Path(__file__).with_name("ddp_remote_check.py")
-
-
-def torchrun(n, *args, check=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(SCRIPT),
-           *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if check:
-        errors = [line for line in proc.stderr.splitlines() if "Error" in line and "gloo" not in line]
-        assert proc.returncode == 0, "\n".join(errors[:20]) or proc.stderr[-3000:]
-    return proc
+torchrun = partial(ddp.torchrun, "ddp_remote_check.py")
 
 
 @pytest.mark.slow
