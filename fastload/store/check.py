@@ -388,13 +388,17 @@ def check_local_manifest(path: Path, reader: StoreReader) -> None:
 
     where = path / MANIFEST_NAME
     manifest = Manifest.from_json(where.read_bytes(), where=str(where))
-    names = [m.path.name for m in reader.metas]
-    if [e.name for e in manifest.shards] != names or [e.count for e in manifest.shards] != \
-            [m.count for m in reader.metas]:
-        raise ManifestError(f"{where}: it names shards {[e.name for e in manifest.shards]} of "
-                            f"{[e.count for e in manifest.shards]} samples; the folder holds {names} of "
-                            f"{[m.count for m in reader.metas]}.\nHINT: the folder and its manifest come from "
-                            "different conversions; convert the source again into a new DST.")
+    named = [(e.name, e.count) for e in manifest.shards]
+    held = [(m.path.name, m.count) for m in reader.metas]
+    if named != held:
+        k = next((i for i, (a, b) in enumerate(zip(named, held)) if a != b), min(len(named), len(held)))
+
+        def say(shards: list[tuple[str, int]]) -> str:
+            return "nothing" if k >= len(shards) else f"{shards[k][0]} ({shards[k][1]} samples)"
+
+        raise ManifestError(f"{where}: it names {len(named)} shards, the folder holds {len(held)}; at position {k} "
+                            f"the manifest names {say(named)}, the folder holds {say(held)}.\nHINT: the folder and "
+                            "its manifest come from different conversions; convert the source again into a new DST.")
     if manifest.samples is None:  # format 1: labels and paths live in the shards only
         return
     obj = path / SAMPLES_NAME

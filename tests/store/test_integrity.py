@@ -255,7 +255,8 @@ def _relabelled(store, manifest):
     ("truncated", r"samples\.json\.gz: \d+ bytes of sha256 .* the manifest says"),
     ("missing", r"samples\.json\.gz: missing: the labels object was deleted"),
     ("relabelled", r"samples\.json\.gz: sample 5 \(.*\) has label \d in its shard, \d .* not the shards"),
-    ("shard-missing", r"manifest\.json: it names shards .* the folder holds"),
+    ("shard-missing", r"manifest\.json: it names 3 shards, the folder holds 3; at position 0 the manifest names "
+                      r"shard-00000-of-00004 \(8 samples\), the folder holds shard-00000-of-00003"),
 ], ids=["truncated", "missing", "relabelled", "shard-missing"])
 def test_local_verify_checks_the_manifest_and_samples_object(sharded, tmp_path, damage, expected):
     """`fastload verify DIR` checks samples.json.gz as `fastload verify s3://...` does (size, sha256,
