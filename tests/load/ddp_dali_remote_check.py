@@ -27,6 +27,7 @@ def main(url: str, cache_dir: str, out: str, limit: str, window: str) -> None:
     record = {"len": len(loader), "epochs": [], "batches": [], "downloads": [], "usage_max": 0}
     try:
         for _epoch in range(2):
+            dist.barrier()  # every rank is here (no loop or prefetch of this epoch begun) when the log is read
             before = len(cache.node_downloads(cache_dir))
             got, batches = [], 0
             for _x, _y, index in loader:
@@ -38,7 +39,6 @@ def main(url: str, cache_dir: str, out: str, limit: str, window: str) -> None:
             record["epochs"].append(got)
             record["batches"].append(batches)
             record["downloads"].append([d["shard"] for d in cache.node_downloads(cache_dir)[before:]])
-            dist.barrier()  # and read by every rank before the next loop starts (DALI may read ahead into it)
     finally:
         loader.close()
     record["pid"], record["log"] = os.getpid(), cache.node_downloads(cache_dir)
