@@ -11,6 +11,9 @@ Layout (``cache_dir`` may hold anything else: only entries the cache made are ev
     cache_dir/<store key>/shard-…/data.mdb  a complete shard (a store directory)
     cache_dir/<store key>/shard-…/fastload-cache.json   what makes it ours: url, size, sha256;
                                             its mtime is the LRU clock (touched at each lease)
+    cache_dir/<store key>/shard-…/fastload-unread        a prefetched shard no reader has leased yet
+                                            (removed at its first lease); evicted only after every
+                                            shard that has been read: its use is still ahead
     cache_dir/<store key>/.locks/<shard>.lease  shared flock held by each reader of the shard
     cache_dir/<store key>/.locks/<shard>.dl     exclusive flock: one download per shard per node
     cache_dir/<store key>/.partial/<shard>.<pid>   a download in progress (never read)
@@ -46,6 +49,7 @@ from fastload.errors import CacheFullError, RemoteStoreError, ShardIntegrityErro
 __all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "node_downloads", "CACHE_META"]
 
 CACHE_META = "fastload-cache.json"
+UNREAD = "fastload-unread"
 DOWNLOAD_LOG = ".downloads.log"
 _LOCK = ".fastload-cache.lock"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
@@ -283,6 +287,8 @@ class ShardCache:
             return None
         with contextlib.suppress(OSError):
             os.utime(self.path(spec) / CACHE_META)  # the LRU clock
+        with contextlib.suppress(OSError):
+            os.unlink(self.path(spec) / UNREAD)  # read now: an ordinary LRU entry from here on
         lease = Lease(self.path(spec), fd)
         _LIVE.add(lease)
         return lease
@@ -313,7 +319,7 @@ class ShardCache:
             if reserve is None:
                 return False
             try:
-                self._fetch_checked(spec, final)
+                self._fetch_checked(spec, final, unread=not blocking)
             except RemoteStoreError as exc:
                 # the readers queued on this lock meet an endpoint failure (a whole retry budget spent) at once
                 # instead of each retrying for a budget of its own after it (8 workers on a dead endpoint: 8
@@ -350,7 +356,7 @@ class ShardCache:
             raise RemoteStoreError(f"{head} (the download this reader waited for failed so; not retried again)"
                                    f"{sep}{rest}", url=f.get("url", ""), reason=f.get("reason", "other"))
 
-    def _fetch_checked(self, spec: ShardSpec, final: Path) -> None:
+    def _fetch_checked(self, spec: ShardSpec, final: Path, *, unread: bool = False) -> None:
         part_dir = self.root / ".partial" / f"{spec.name}.{os.getpid()}.{threading.get_ident()}"
         for stale in (self.root / ".partial").glob(f"{spec.name}.*"):  # we hold its download lock:
             shutil.rmtree(stale, ignore_errors=True)                    # these are dead downloads'
@@ -384,6 +390,8 @@ class ShardCache:
             if size == spec.size and digest == spec.sha256:
                 (part_dir / CACHE_META).write_text(json.dumps(
                     {"url": spec.url, "size": spec.size, "sha256": spec.sha256, "fetched": time.time()}))
+                if unread:  # a prefetch: published with its marker, in the same rename
+                    (part_dir / UNREAD).touch()
                 os.rename(part_dir, final)  # atomic: a shard is there whole or not at all
                 line = json.dumps({"store": self.key, "shard": spec.name, "bytes": size, "pid": os.getpid(),
                                    "time": time.time()}) + "\n"
@@ -402,7 +410,10 @@ class ShardCache:
             "URL, or convert it again.")
 
     def _entries(self) -> list[tuple[Path, int, float]]:
-        """Complete shards the cache made, in every store folder: (path, size, last use)."""
+        """Complete shards the cache made, in every store folder: (path, size, last use), in eviction
+        order: shards read at least once, least recently used first, then prefetched ones no reader
+        has leased yet (oldest first). A prefetched shard's use is still ahead: evicting it first
+        (its download is older than the leases of shards read since) would download it twice."""
         out = []
         for meta in self.dir.glob(f"*/*/{CACHE_META}"):
             shard = meta.parent
@@ -410,8 +421,9 @@ class ShardCache:
             if info is None:
                 continue
             with contextlib.suppress(OSError):
-                out.append((shard, int(info["size"]), meta.stat().st_mtime))
-        return out
+                out.append((shard, int(info["size"]), meta.stat().st_mtime, (shard / UNREAD).exists()))
+        out.sort(key=lambda e: (e[3], e[2]))
+        return [e[:3] for e in out]
 
     def _reserved(self) -> int:
         total = 0
@@ -461,7 +473,7 @@ class ShardCache:
         if need > self.limit:
             raise CacheFullError(f"{self.dir}: one shard ({need:,} bytes) is larger than cache_limit "
                                  f"({self.limit:,} bytes).\nHINT: raise cache_limit.")
-        entries = sorted(self._entries(), key=lambda e: e[2])
+        entries = self._entries()  # in eviction order
         used = sum(size for _p, size, _t in entries) + self._reserved()
         for path, size, _t in entries:
             if used + need <= self.limit:

@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import IncompleteStoreError
+from fastload.store.manifest import MANIFEST_NAME
 from fastload.store.reader import StoreReader, load_store_metas
 
 __all__ = ["inspect_store", "verify_store", "VerifyReport", "report_json", "DECODERS", "DISAGREE_BOUND",
-           "verify_remote_shards"]
+           "verify_remote_shards", "check_local_manifest"]
 
 DECODERS = ("fastload", "pil", "torchvision", "simplejpeg", "dali")
 DISAGREE_BOUND = {"fastload": 0.0, "pil": 0.0, "torchvision": 0.0, "simplejpeg": 0.0, "dali": 0.5}
@@ -251,8 +252,12 @@ def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders:
     Each range of records runs in a crash-isolated worker process; a range whose worker
     crashed is rerun one record per task, so the crash is reported against its record.
 
+    A folder of shards with a ``manifest.json`` is first checked against it (``check_local_manifest``:
+    the shards it names, and ``samples.json.gz``, as ``verify_remote_shards`` checks a bucket).
+
     Raises:
         StoreError: the path is not a complete, intact store (metadata checked on open).
+        ManifestError: its manifest or ``samples.json.gz`` is missing, damaged or replaced.
         ValueError: an unknown decoder name.
     """
     from tqdm import tqdm
@@ -270,6 +275,8 @@ def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders:
         if not dali_available():
             raise MissingDependencyError(f"--decoders dali needs DALI.\nHINT: {DALI_INSTALL_HINT}")
     reader = StoreReader(path)
+    if (Path(path) / MANIFEST_NAME).is_file():  # a folder of shards that fastload convert --num-shards wrote
+        check_local_manifest(Path(path), reader)
     n = len(reader)
     used = tuple(decoders) if decode else ()
     report = VerifyReport(str(path), n, used)
@@ -325,7 +332,7 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
 
     from fastload.store import remote
     from fastload.errors import ManifestError
-    from fastload.store.manifest import MANIFEST_NAME, SAMPLES_NAME, SHARD_FILE, Manifest, parse_samples
+    from fastload.store.manifest import SAMPLES_NAME, SHARD_FILE, Manifest, parse_samples
 
     base = remote.RemoteLocation.parse(url)
     murl = base.child(MANIFEST_NAME)
@@ -359,11 +366,46 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
                                            f"{entry.sha256[:16]}... (the object is corrupted)"))
     if manifest.samples is not None:
         obj = base.child(SAMPLES_NAME)
-        if remote.head(obj) is None:
-            problems.append((str(obj), "missing: the labels object was deleted"))
-        else:
-            try:
-                parse_samples(remote.get_bytes(obj), manifest, where=str(obj))
-            except ManifestError as exc:
-                problems.append((str(obj), str(exc).split("\nHINT")[0].removeprefix(f"{obj}: ")))
+        try:
+            parse_samples(None if remote.head(obj) is None else remote.get_bytes(obj), manifest, where=str(obj))
+        except ManifestError as exc:
+            problems.append((str(obj), str(exc).split("\nHINT")[0].removeprefix(f"{obj}: ")))
     return len(manifest.shards), problems
+
+
+def check_local_manifest(path: Path, reader: StoreReader) -> None:
+    """A local folder of shards with a ``manifest.json``: the manifest is valid, names the shards the
+    folder holds, and (format 2) its ``samples.json.gz`` is there, is the object the manifest names
+    (size, sha256, content: ``parse_samples``, as ``verify_remote_shards`` checks it in a bucket) and
+    holds the shards' own labels and paths. Nothing local reads that object, but a copy of the folder
+    in a bucket hands its labels out before any shard is read, so it is checked before it travels.
+
+    Raises:
+        ManifestError: the manifest or the samples object is missing, damaged or replaced (names the file).
+    """
+    from fastload.errors import ManifestError
+    from fastload.store.manifest import SAMPLES_NAME, Manifest, parse_samples
+
+    where = path / MANIFEST_NAME
+    manifest = Manifest.from_json(where.read_bytes(), where=str(where))
+    named = [(e.name, e.count) for e in manifest.shards]
+    held = [(m.path.name, m.count) for m in reader.metas]
+    if named != held:
+        k = next((i for i, (a, b) in enumerate(zip(named, held)) if a != b), min(len(named), len(held)))
+
+        def say(shards: list[tuple[str, int]]) -> str:
+            return "nothing" if k >= len(shards) else f"{shards[k][0]} ({shards[k][1]} samples)"
+
+        raise ManifestError(f"{where}: it names {len(named)} shards, the folder holds {len(held)}; at position {k} "
+                            f"the manifest names {say(named)}, the folder holds {say(held)}.\nHINT: the folder and "
+                            "its manifest come from different conversions; convert the source again into a new DST.")
+    if manifest.samples is None:  # format 1: labels and paths live in the shards only
+        return
+    obj = path / SAMPLES_NAME
+    labels, paths = parse_samples(obj.read_bytes() if obj.is_file() else None, manifest, where=str(obj))
+    if labels != reader.labels.tolist() or paths != list(reader.paths):
+        first = next(i for i in range(len(labels)) if labels[i] != reader.labels[i] or paths[i] != reader.paths[i])
+        raise ManifestError(f"{obj}: sample {first} ({reader.paths[first]}) has label {reader.labels[first]} in its "
+                            f"shard, {labels[first]} ({paths[first]}) in {SAMPLES_NAME}: the object matches the "
+                            "manifest but not the shards.\nHINT: the folder's files come from different conversions; "
+                            "convert the source again into a new DST.")

@@ -198,12 +198,16 @@ def samples_object(labels: list[int], paths: list[str]) -> tuple[bytes, SamplesE
     return data, SamplesEntry(SAMPLES_NAME, len(data), hashlib.sha256(data).hexdigest(), len(labels))
 
 
-def parse_samples(data: bytes, manifest: Manifest, *, where: str = SAMPLES_NAME) -> tuple[list[int], list[str]]:
+def parse_samples(data: bytes | None, manifest: Manifest, *,
+                  where: str = SAMPLES_NAME) -> tuple[list[int], list[str]]:
     """``(labels, paths)`` from the ``samples.json.gz`` bytes, checked against ``manifest.samples``.
 
+    ``data`` is None when the object is not there (the caller looked: a file or an object).
+
     Raises:
-        ManifestError: the bytes are not the size or sha256 the manifest names, or their
-            content does not fit the manifest (count, labels outside the classes); names ``where``.
+        ManifestError: the object is missing, its bytes are not the size or sha256 the manifest
+            names, or their content does not fit the manifest (count, labels outside the
+            classes); names ``where``.
     """
     import gzip
     import hashlib
@@ -211,6 +215,10 @@ def parse_samples(data: bytes, manifest: Manifest, *, where: str = SAMPLES_NAME)
     entry = manifest.samples
     if entry is None:
         raise ValueError("a format-1 manifest has no samples object")
+    if data is None:
+        raise ManifestError(f"{where}: missing: the labels object was deleted (the manifest, format 2, names it: "
+                            "every sample's label and path).\nHINT: copy it back from where the store came from, "
+                            "or convert the source again into a new DST.")
     digest = hashlib.sha256(data).hexdigest()
     if len(data) != entry.bytes or digest != entry.sha256:
         raise ManifestError(f"{where}: {len(data)} bytes of sha256 {digest[:16]}..., the manifest says {entry.bytes} "

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import builtins
-import json
 import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import lmdb
 import pytest
 import torch
 from torchvision.datasets import ImageFolder
 
+from ddp import rank_records, torchrun
 from fastload.errors import CorruptSampleError, MissingDependencyError
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.transforms import EvalTransform, normalize
@@ -113,12 +112,8 @@ def test_missing_dali_is_a_clear_error(monkeypatch, tiny_store):
 @dali
 @pytest.mark.slow
 def test_two_ranks_shard_the_store(tiny_store, tmp_path):
-    script = Path(__file__).with_name("ddp_dali_check.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tiny_store), str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    torchrun("ddp_dali_check.py", 2, tiny_store, tmp_path, timeout=600)
+    r0, r1 = rank_records(tmp_path, 2)
     assert r0["len"] == r1["len"] == 3  # 12 samples each, batches of 4
     for e in range(2):
         a, b = r0["epochs"][e], r1["epochs"][e]

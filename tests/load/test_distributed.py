@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from ddp import rank_records, torchrun
 
 
 @pytest.mark.slow
 def test_two_ranks_get_disjoint_covering_reshuffled_indices(tiny_store, tmp_path):
-    script = Path(__file__).with_name("ddp_loader_check.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(tiny_store), str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    torchrun("ddp_loader_check.py", 2, tiny_store, tmp_path)
+    ranks = rank_records(tmp_path, 2)
     assert all(r["sampler"] == "DistributedSampler" for r in ranks)
     n = 24
     for epoch in range(3):

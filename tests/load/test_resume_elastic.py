@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from torch.utils.data import DistributedSampler
 
-SCRIPT = Path(__file__).with_name("resume_ddp.py")
+from ddp import rank_records
+from ddp import torchrun as _torchrun
+
 N = 46
 
 
 def torchrun(nproc: int, *args: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(SCRIPT), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _torchrun("resume_ddp.py", nproc, *args)
 
 
 def ranks(out: Path, phase: str, world: int) -> list[dict]:
-    return [json.loads((out / f"{phase}-rank{r}.json").read_text()) for r in range(world)]
+    return rank_records(out, world, phase + "-rank{r}.json")
 
 
 def interleave(per_rank: list[list[int]]) -> list[int]:

@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
 import pytest
 
+import ddp
 from fastload.store.cache import node_downloads
 from remote_helpers import publish, sharded_store
 
-SCRIPT = Path(__file__).with_name("ddp_remote_check.py")
-
-
-def torchrun(n, *args, check=True):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", str(SCRIPT),
-           *map(str, args)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    if check:
-        errors = [line for line in proc.stderr.splitlines() if "Error" in line and "gloo" not in line]
-        assert proc.returncode == 0, "\n".join(errors[:20]) or proc.stderr[-3000:]
-    return proc
+torchrun = partial(ddp.torchrun, "ddp_remote_check.py")
 
 
 @pytest.mark.slow
@@ -81,3 +70,53 @@ def test_two_ranks_remote_store_cache_and_resume(s3_server, fresh_bucket, tiny_t
     torchrun(1, url, tmp_path / "cache", one, total, "resume", 0)
     rest = json.loads((one / "resume0.json").read_text())["epochs"][0]
     assert sorted(rest + consumed[0] + consumed[1]) == list(range(n))
+
+
+@pytest.mark.dali
+@pytest.mark.slow
+def test_two_ranks_dali_by_shards_remote_store(s3_server, fresh_bucket, tiny_tree, tmp_path):
+    """DALILoader (CPU) under torchrun reads a store in object storage by shards (the default for a URL):
+    each rank its own run of whole shards in the ShardSampler's order, disjoint and covering, with equal
+    batch counts; one download per shard per node; the cache never over its limit; a warm epoch with a
+    cache that holds the store downloads nothing."""
+    from fastload.load.shards import ShardSampler
+
+    def run(url, man, cache_dir, limit, window, name):
+        out = tmp_path / name
+        out.mkdir()
+        ddp.torchrun("ddp_dali_remote_check.py", 2, url, cache_dir, out, limit, window, timeout=600)
+        ranks = ddp.rank_records(out, 2, "dali{r}.json")
+        n = man.num_samples
+        for e in range(2):
+            a, b = ranks[0]["epochs"][e], ranks[1]["epochs"][e]
+            assert len(a) == len(b) == n // 2 and sorted(a + b) == list(range(n))
+            assert ranks[0]["batches"][e] == ranks[1]["batches"][e] == ranks[0]["len"] == ranks[1]["len"]
+            for r in (0, 1):
+                s = ShardSampler([x.count for x in man.shards], num_replicas=2, rank=r, seed=5, window=window)
+                s.set_epoch(e)
+                assert ranks[r]["epochs"][e] == list(s)  # its own run of whole shards
+        assert max(r["usage_max"] for r in ranks) <= limit
+        return ranks
+
+    # a cache that holds the store: each shard downloaded once by the node, nothing in the warm epoch
+    local = sharded_store(tiny_tree, tmp_path / "store", 4)
+    url = s3_server.url(fresh_bucket, "dali4/")
+    man = publish(local, url)
+    total = sum(e.bytes for e in man.shards)
+    ranks = run(url, man, tmp_path / "cache", total, 2, "full")
+    assert ranks[0]["downloads"] == ranks[1]["downloads"]  # both read the node's one log
+    assert sorted(ranks[0]["downloads"][0]) == sorted(e.name for e in man.shards)
+    assert ranks[0]["downloads"][1] == []
+
+    # a cache smaller than the store (9 of 12 shards; each rank leases window + 1 per worker, and
+    # prefetches the next window), read a shard at a time: never over the limit, and the cold epoch's first
+    # 12 downloads are the 12 shards, once each (DALI may start the next epoch before the log is read)
+    local12 = sharded_store(tiny_tree, tmp_path / "store12", 12)
+    url12 = s3_server.url(fresh_bucket, "dali12/")
+    man12 = publish(local12, url12)
+    limit = sum(sorted((e.bytes for e in man12.shards), reverse=True)[:9])
+    assert limit < sum(e.bytes for e in man12.shards)
+    ranks = run(url12, man12, tmp_path / "cache12", limit, 1, "small")
+    log = [(d["shard"][6:11], d["pid"], round(d["time"] - ranks[0]["log"][0]["time"], 3)) for d in ranks[0]["log"]]
+    assert sorted(ranks[0]["downloads"][0][:12]) == sorted(e.name for e in man12.shards), \
+        f"rank pids {ranks[0]['pid']}, {ranks[1]['pid']}; the node's downloads (shard, pid, s): {log}"

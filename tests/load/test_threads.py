@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import gc
-import json
 import shutil
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import lmdb
 import pytest
 import torch
 
+from ddp import rank_records, torchrun
 from fastload.errors import CorruptSampleError
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.loader import DataLoader
@@ -281,12 +280,8 @@ def test_refuses_what_threads_cannot_honour():
 
 @pytest.mark.slow
 def test_two_ranks_shard_the_thread_pipeline(tiny_store, tmp_path):
-    script = Path(__file__).with_name("ddp_threads_check.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(script), str(tiny_store), str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    torchrun("ddp_threads_check.py", 2, tiny_store, tmp_path)
+    ranks = rank_records(tmp_path, 2)
     assert all(r["sampler"] == "DistributedSampler" for r in ranks)
     for epoch in range(2):
         a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]

@@ -121,6 +121,27 @@ def test_lru_eviction_under_limit_spares_leased_and_foreign(tmp_path):
     held.release()
 
 
+def test_a_prefetched_shard_is_evicted_after_the_read_ones_until_it_is_read(tmp_path):
+    """A rank's prefetch of its next window is older than the leases of the shards other ranks read
+    since; by last use alone it went first, and was downloaded again when its reader came (the torchrun
+    DALI test, tests/load/test_streaming_ddp.py, saw this when one rank's workers started late)."""
+    specs = make_remote(tmp_path / "remote", 4, size=1000)
+    fetch = CountingFetch(tmp_path / "log")
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=fetch, limit=3000)
+    assert cache.prefetch(specs[0])  # downloaded ahead, not read yet
+    for s in specs[1:]:  # read and released by others; the third needs room
+        time.sleep(0.01)  # distinct LRU times
+        cache.acquire(s).release()
+        assert cache.usage() <= 3000
+    assert [cache.cached(s) for s in specs] == [True, False, True, True]
+    cache.acquire(specs[0]).release()  # read now: an ordinary LRU entry from here on
+    assert fetch.count() == {s.name: 1 for s in specs}
+    for s in specs[1:]:  # evicts 2, 3, then 0: least recently read
+        time.sleep(0.01)
+        cache.acquire(s).release()
+    assert [cache.cached(s) for s in specs] == [False, True, True, True]
+
+
 def test_no_room_is_a_named_error(tmp_path):
     specs = make_remote(tmp_path / "remote", 3, size=1000)
     cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"), limit=2500,

@@ -3,7 +3,9 @@ wrong data, a raw traceback or a dead process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -221,3 +223,60 @@ def test_verify_names_a_record_that_decodes_badly_even_with_a_matching_checksum(
 def test_unknown_decoder_is_a_clear_cli_error(store):
     r = CliRunner().invoke(main, ["verify", str(store), "--decoders", "opencv"])
     assert r.exit_code == 2 and "unknown decoder 'opencv'" in r.output
+
+
+# ---- verify of a local folder of shards: its manifest and samples.json.gz ------------------------
+
+
+@pytest.fixture(scope="module")
+def sharded(tiny_tree, tmp_path_factory):
+    from fastload.pack.convert import ConvertOptions
+    from fastload.pack.engines import EngineOptions, convert_sharded
+
+    dst = tmp_path_factory.mktemp("sharded") / "store"
+    convert_sharded(tiny_tree, dst, ConvertOptions(progress=False, lossless=True, workers=1),
+                    EngineOptions(num_shards=3))
+    return dst
+
+
+def _relabelled(store, manifest):
+    """samples.json.gz rewritten with one label changed, and the manifest updated to name it: both agree
+    with each other, not with the shards."""
+    from fastload.store.manifest import parse_samples, samples_object
+
+    labels, paths = parse_samples((store / "samples.json.gz").read_bytes(), manifest)
+    labels[5] = (labels[5] + 1) % len(manifest.classes)
+    data, entry = samples_object(labels, paths)
+    (store / "samples.json.gz").write_bytes(data)
+    (store / "manifest.json").write_text(dataclasses.replace(manifest, samples=entry).to_json())
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("truncated", r"samples\.json\.gz: \d+ bytes of sha256 .* the manifest says"),
+    ("missing", r"samples\.json\.gz: missing: the labels object was deleted"),
+    ("relabelled", r"samples\.json\.gz: sample 5 \(.*\) has label \d in its shard, \d .* not the shards"),
+    ("shard-missing", r"manifest\.json: it names 3 shards, the folder holds 3; at position 0 the manifest names "
+                      r"shard-00000-of-00004 \(8 samples\), the folder holds shard-00000-of-00003"),
+], ids=["truncated", "missing", "relabelled", "shard-missing"])
+def test_local_verify_checks_the_manifest_and_samples_object(sharded, tmp_path, damage, expected):
+    """`fastload verify DIR` checks samples.json.gz as `fastload verify s3://...` does (size, sha256,
+    content), and against the shards' own labels and paths: each damage a named error with a HINT."""
+    from fastload.store.manifest import Manifest
+
+    store = tmp_path / "store"
+    shutil.copytree(sharded, store)
+    r = cli("verify", store, "--quiet", "--workers", "1")
+    assert r.exit_code == 0 and "24 samples checked, OK" in r.output
+    manifest = Manifest.from_json((store / "manifest.json").read_text())
+    if damage == "truncated":
+        (store / "samples.json.gz").write_bytes((store / "samples.json.gz").read_bytes()[:-1])
+    elif damage == "missing":
+        (store / "samples.json.gz").unlink()
+    elif damage == "relabelled":
+        _relabelled(store, manifest)
+    else:  # the manifest names a shard the folder no longer holds (its shard set still reads as one store)
+        entries = [dataclasses.replace(e, name=f"shard-0000{i}-of-00004") for i, e in enumerate(manifest.shards)]
+        (store / "manifest.json").write_text(dataclasses.replace(manifest, shards=tuple(entries)).to_json())
+    r = cli("verify", store, "--quiet", "--workers", "1")
+    assert r.exit_code == 1
+    assert re.search(re.escape(f"{store}/") + expected, r.output) and "HINT" in r.output, r.output
