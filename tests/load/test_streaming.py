@@ -221,6 +221,37 @@ def test_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp
 
 
 @pytest.mark.dali
+def test_dali_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp_path, monkeypatch, caplog):
+    from fastload.dali import DALILoader, DALIOptions
+
+    shard = min((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=shard / 0.5)  # >= 0.5 s for any shard
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # DALI's spawned workers read it too
+        monkeypatch.setattr(remote, "_STORES", {})
+        ld = DALILoader(store_url, 4, train=False, device="cpu", num_threads=1, size=32,
+                        options=DALIOptions(cache_dir=str(tmp_path / "cache")))
+        try:
+            assert ld.time_to_first_batch is None
+            with caplog.at_level("INFO", logger="fastload"):
+                it = iter(ld)
+                next(it)
+            first = ld.time_to_first_batch
+            assert 0.3 < first < 120
+            assert any("first batch of epoch 0" in r.getMessage() and store_url in r.getMessage()
+                       and f"{first:.2f} s" in r.getMessage() for r in caplog.records)
+            for _ in it:  # the rest of the epoch does not change it
+                pass
+            assert ld.time_to_first_batch == first
+            list(ld)  # a second epoch: warm cache, the pipeline already built
+            assert ld.time_to_first_batch < first
+        finally:
+            ld.close()
+    finally:
+        proxy.close()
+
+
+@pytest.mark.dali
 @pytest.mark.parametrize("train", [False, True])
 def test_dali_loader_from_the_node_cache_gives_the_local_batches(store_url, local_shards, tmp_path, train):
     from fastload.dali import DALILoader, DALIOptions
