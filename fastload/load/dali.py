@@ -416,8 +416,6 @@ class DALILoader:
             self._list = self._src.first if resumed else self._src.order(epoch)  # batch k is _list[k*b:]
         self._windows = self._src.shards.windows(self._list) \
             if self.by_shards and hasattr(self._reader, "prefetch_shards") else []
-        if self._windows:  # the first window's own shards before the next window's (ShardSampler says why)
-            self._reader.prefetch_shards(self._src.shards.window_shards(self._list, self._windows[0]))
         k, failures = 0, 0
         while k < len(self):
             found = None
