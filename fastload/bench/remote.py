@@ -350,17 +350,15 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
     report its use; see the module docstring."""
     o = options or RemoteBenchOptions()
     work = Path(tempfile.mkdtemp(prefix="fastload-bench-remote-"))
-    warm = work / "warm"
     paths = PATHS + (MOSAIC_PATHS if mosaic_url else ()) + (LITDATA_PATHS if litdata_url else ()) \
         + (DALI_PATHS if dali else ())
+    runs = {"local": lambda _: _epoch((str(local),), o, None), "remote": lambda c: _epoch((url,), o, c),
+            "dali-local": lambda _: _dali_epoch(str(local), o, None), "dali": lambda c: _dali_epoch(url, o, c),
+            "mosaic": lambda c: _mosaic_epoch(mosaic_url, o, c), "litdata": lambda c: _litdata_epoch(litdata_url, o, c)}
     try:
-        _epoch((url,), o, warm)  # fills the warm cache (not timed)
-        if dali:
-            _dali_epoch(url, o, work / "dali-warm")
-        if mosaic_url:
-            _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
-        if litdata_url:
-            _litdata_epoch(litdata_url, o, work / "litdata-warm")
+        for p in paths:  # fill the warm caches (not timed)
+            if p.endswith("-warm"):
+                runs[p.rsplit("-", 1)[0]](work / p)
         results = {p: RemotePath(p) for p in paths}
         for k in range(o.rounds):
             order = paths[k % len(paths):] + paths[: k % len(paths)]
@@ -368,31 +366,14 @@ def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None
             for p in order:
                 if link is not None:
                     link.mark()
-                if p == "dali-local":
-                    r = _dali_epoch(str(local), o, None)
-                elif p == "dali-cold":
-                    r = _dali_epoch(url, o, work / f"dali-cold{k}")
-                    shutil.rmtree(work / f"dali-cold{k}", ignore_errors=True)
-                elif p == "dali-warm":
-                    r = _dali_epoch(url, o, work / "dali-warm")
-                elif p == "mosaic-cold":
-                    r = _mosaic_epoch(mosaic_url, o, work / f"mosaic-cold{k}")
-                    shutil.rmtree(work / f"mosaic-cold{k}", ignore_errors=True)
-                elif p == "mosaic-warm":
-                    r = _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
-                elif p == "litdata-cold":
-                    r = _litdata_epoch(litdata_url, o, work / f"litdata-cold{k}")
-                    shutil.rmtree(work / f"litdata-cold{k}", ignore_errors=True)
-                elif p == "litdata-warm":
-                    r = _litdata_epoch(litdata_url, o, work / "litdata-warm")
-                elif p == "local":
-                    r = _epoch((str(local),), o, None)
-                elif p == "remote-cold":
-                    cold = work / f"cold{k}"
-                    r = _epoch((url,), o, cold)
-                    shutil.rmtree(cold, ignore_errors=True)
-                else:
-                    r = _epoch((url,), o, warm)
+                if p in ("local", "dali-local"):
+                    r = runs[p](None)
+                else:  # "<family>-cold": an empty cache, removed after; "<family>-warm": the one filled before
+                    family, cache = p.rsplit("-", 1)
+                    folder = work / (p if cache == "warm" else f"{p}{k}")
+                    r = runs[family](folder)
+                    if cache == "cold":
+                        shutil.rmtree(folder, ignore_errors=True)
                 this[p] = r
                 results[p].images_per_s.append(r[0])
                 results[p].first_batch_s.append(r[1])
