@@ -24,6 +24,19 @@ epoch wrote into its cache. Each LitData epoch runs in a fresh (spawned) process
 workers download chunks with obstore, whose runtime does not survive ``fork()`` once this process
 has used it (the fastload paths have), and LitData only knows about its own use of it.
 
+With ``dali=True``, three more: ``dali-local``, ``dali-cold`` and ``dali-warm``, ``fastload.DALILoader`` on
+the CPU (``device="cpu"``, ``num_threads`` = workers, eval pipeline at ``image_size``) over the same
+local shards read by shards (``order="shards"``) and over the URL (by shards, its default) through an
+empty or a filled node cache. Their ratio column is to ``dali-local`` in the same round, and their
+batch contract (DALI hands out float normalised images) is compared among the DALI paths only;
+"first batch" also gives the loader's own ``time_to_first_batch`` (from ``iter()``).
+
+With ``link`` (an object with ``rate`` in bytes/s, ``mark()`` and ``traffic() -> (bytes, first, last)``
+as ``time.monotonic()``: the throttled proxy of ``tools/bench_remote_loopback.py --link-mbps``, which
+every remote path reaches the server through), each remote epoch also reports the bytes the link
+carried towards this node and the share of the link they used: over the whole epoch
+(``bytes / epoch seconds / rate``) and while downloading (``bytes / (last byte - first byte) / rate``).
+
 Must not: assert on timings, or start a server (point ``AWS_ENDPOINT_URL`` at one).
 """
 
@@ -42,6 +55,7 @@ __all__ = ["RemoteBenchOptions", "RemotePath", "RemoteBench", "bench_remote", "w
 PATHS = ("local", "remote-cold", "remote-warm")
 MOSAIC_PATHS = ("mosaic-cold", "mosaic-warm")
 LITDATA_PATHS = ("litdata-cold", "litdata-warm")
+DALI_PATHS = ("dali-local", "dali-cold", "dali-warm")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,10 +82,13 @@ class RemotePath:
     ratio_to_local: list[float] = field(default_factory=list)
     images: list[int] = field(default_factory=list)
     batch: set[str] = field(default_factory=set)
+    loader_first_batch_s: list[float] = field(default_factory=list)
+    link: list[dict] = field(default_factory=list)
 
 
-#: One timed epoch: images/s, seconds to the first batch, bytes downloaded, images, the batch contract.
-Epoch = tuple[float, float, int, int, str]
+#: One timed epoch: images/s, seconds to the first batch, bytes downloaded, images, the batch contract
+#: (and, for the DALI paths, the loader's own ``time_to_first_batch`` as a sixth element).
+Epoch = tuple
 
 
 def _drain(loader, t0: float, downloaded: Callable[[], int]) -> Epoch:
@@ -103,6 +120,24 @@ def _epoch(dataset_args: tuple, o: RemoteBenchOptions, cache_dir: Path | None) -
                                  sampler=ShardSampler(ds, seed=0), generator=torch.Generator().manual_seed(0))
     return _drain(loader, t0, lambda: sum(d["bytes"] for d in node_downloads(cache_dir)[before:])
                   if cache_dir is not None else 0)
+
+
+def _dali_epoch(source: str, o: RemoteBenchOptions, cache_dir: Path | None) -> Epoch:
+    """One epoch of ``DALILoader`` on the CPU, by shards, timed from building it (as ``_epoch``)."""
+    from fastload.dali import DALILoader, DALIOptions
+    from fastload.store.cache import node_downloads
+
+    before = len(node_downloads(cache_dir)) if cache_dir is not None else 0
+    t0 = time.perf_counter()
+    opts = DALIOptions(order="shards", **({"cache_dir": str(cache_dir)} if cache_dir is not None else {}))
+    loader = DALILoader(source, o.batch_size, train=False, size=o.image_size, device="cpu",
+                        num_threads=max(1, o.workers), seed=0, options=opts)
+    try:
+        r = _drain(loader, t0, lambda: sum(d["bytes"] for d in node_downloads(cache_dir)[before:])
+                   if cache_dir is not None else 0)
+        return (*r, loader.time_to_first_batch)
+    finally:
+        loader.close()
 
 
 def write_mds(store: str | Path, out: str, *, size_limit: int | str = 1 << 22) -> int:
@@ -298,75 +333,93 @@ class RemoteBench:
         return table(self.data)
 
 
+def _link_share(link, r: Epoch) -> dict:
+    """What the link carried in epoch ``r`` (since ``link.mark()``) and the share of its rate that was."""
+    sent, first, last = link.traffic()
+    seconds = r[3] / r[0] if r[0] else 0.0
+    return {"bytes": sent, "of_link_epoch": sent / seconds / link.rate if seconds else 0.0,
+            "of_link_downloading": sent / (last - first) / link.rate if last > first else 0.0}
+
+
 def bench_remote(local: str | Path, url: str, options: RemoteBenchOptions | None = None, *,
-                 mosaic_url: str | None = None, litdata_url: str | None = None) -> RemoteBench:
+                 mosaic_url: str | None = None, litdata_url: str | None = None, dali: bool = False,
+                 link=None) -> RemoteBench:
     """Time ``local`` (a folder of shards) against ``url`` (the same store in a bucket), and against
-    ``mosaic_url`` (the same images as MosaicML MDS) and ``litdata_url`` (as LitData chunks) when given;
-    see the module docstring."""
+    ``mosaic_url`` (the same images as MosaicML MDS) and ``litdata_url`` (as LitData chunks) when given,
+    and DALI (CPU) over both with ``dali``; ``link``: the throttled link the remote paths go through, to
+    report its use; see the module docstring."""
     o = options or RemoteBenchOptions()
     work = Path(tempfile.mkdtemp(prefix="fastload-bench-remote-"))
-    warm = work / "warm"
-    paths = PATHS + (MOSAIC_PATHS if mosaic_url else ()) + (LITDATA_PATHS if litdata_url else ())
+    paths = PATHS + (MOSAIC_PATHS if mosaic_url else ()) + (LITDATA_PATHS if litdata_url else ()) \
+        + (DALI_PATHS if dali else ())
+    runs = {"local": lambda _: _epoch((str(local),), o, None), "remote": lambda c: _epoch((url,), o, c),
+            "dali-local": lambda _: _dali_epoch(str(local), o, None), "dali": lambda c: _dali_epoch(url, o, c),
+            "mosaic": lambda c: _mosaic_epoch(mosaic_url, o, c), "litdata": lambda c: _litdata_epoch(litdata_url, o, c)}
     try:
-        _epoch((url,), o, warm)  # fills the warm cache (not timed)
-        if mosaic_url:
-            _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
-        if litdata_url:
-            _litdata_epoch(litdata_url, o, work / "litdata-warm")
+        for p in paths:  # fill the warm caches (not timed)
+            if p.endswith("-warm"):
+                runs[p.rsplit("-", 1)[0]](work / p)
         results = {p: RemotePath(p) for p in paths}
         for k in range(o.rounds):
             order = paths[k % len(paths):] + paths[: k % len(paths)]
             this = {}
             for p in order:
-                if p == "mosaic-cold":
-                    r = _mosaic_epoch(mosaic_url, o, work / f"mosaic-cold{k}")
-                    shutil.rmtree(work / f"mosaic-cold{k}", ignore_errors=True)
-                elif p == "mosaic-warm":
-                    r = _mosaic_epoch(mosaic_url, o, work / "mosaic-warm")
-                elif p == "litdata-cold":
-                    r = _litdata_epoch(litdata_url, o, work / f"litdata-cold{k}")
-                    shutil.rmtree(work / f"litdata-cold{k}", ignore_errors=True)
-                elif p == "litdata-warm":
-                    r = _litdata_epoch(litdata_url, o, work / "litdata-warm")
-                elif p == "local":
-                    r = _epoch((str(local),), o, None)
-                elif p == "remote-cold":
-                    cold = work / f"cold{k}"
-                    r = _epoch((url,), o, cold)
-                    shutil.rmtree(cold, ignore_errors=True)
-                else:
-                    r = _epoch((url,), o, warm)
+                if link is not None:
+                    link.mark()
+                if p in ("local", "dali-local"):
+                    r = runs[p](None)
+                else:  # "<family>-cold": an empty cache, removed after; "<family>-warm": the one filled before
+                    family, cache = p.rsplit("-", 1)
+                    folder = work / (p if cache == "warm" else f"{p}{k}")
+                    r = runs[family](folder)
+                    if cache == "cold":
+                        shutil.rmtree(folder, ignore_errors=True)
                 this[p] = r
                 results[p].images_per_s.append(r[0])
                 results[p].first_batch_s.append(r[1])
                 results[p].downloaded.append(r[2])
                 results[p].images.append(r[3])
                 results[p].batch.add(r[4])
+                if len(r) > 5:
+                    results[p].loader_first_batch_s.append(r[5])
+                if link is not None and p not in ("local", "dali-local"):
+                    results[p].link.append(_link_share(link, r))
             for p in paths:
-                results[p].ratio_to_local.append(this[p][0] / this["local"][0])
-        return RemoteBench({"options": asdict(o), "url": url, "local": str(local),
+                base = "dali-local" if p in DALI_PATHS else "local"
+                results[p].ratio_to_local.append(this[p][0] / this[base][0])
+        extra = {"link_bytes_per_s": link.rate} if link is not None else {}
+        return RemoteBench({"options": asdict(o), "url": url, "local": str(local), **extra,
                 "paths": {p: {"images_per_s_median": statistics.median(r.images_per_s),
                               "ratio_to_local": r.ratio_to_local,
                               "first_batch_s_median": statistics.median(r.first_batch_s),
                               "bytes_downloaded_per_epoch": r.downloaded, "images_per_s": r.images_per_s,
-                              "images_per_epoch": r.images, "batch": sorted(r.batch)}
+                              "images_per_epoch": r.images, "batch": sorted(r.batch),
+                              **({"loader_time_to_first_batch_s": r.loader_first_batch_s}
+                                 if r.loader_first_batch_s else {}),
+                              **({"link": r.link} if r.link else {})}
                           for p, r in results.items()}})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def table(result: dict) -> str:
+    link = result.get("link_bytes_per_s")
     rows = [f"{'path':14s} {'images/s':>9s} {'vs local (per round)':>28s} {'first batch':>12s} "
-            f"{'downloaded/epoch':>17s} {'images/epoch':>12s}"]
-    batches = set()
+            f"{'downloaded/epoch':>17s} {'images/epoch':>12s}"
+            + (f"  of the {link / 1e6:g} MB/s link: epoch | downloading (per round)" if link else "")]
+    batches: dict[str, set[str]] = {}
     for p, r in result["paths"].items():
         ratios = " ".join(f"{x:.2f}" for x in r["ratio_to_local"])
         images = sorted(set(r.get("images_per_epoch", [])))
-        batches.update(r.get("batch", []))
+        batches.setdefault("dali" if p.startswith("dali-") else "", set()).update(r.get("batch", []))
+        shares = " ".join(f"{x['of_link_epoch']:.2f}|{x['of_link_downloading']:.2f}" for x in r.get("link", [])
+                          if x["bytes"] > 1 << 20)
         rows.append(f"{p:14s} {r['images_per_s_median']:>9.0f} {ratios:>28s} {r['first_batch_s_median']:>11.2f}s "
                     f"{statistics.median(r['bytes_downloaded_per_epoch']) / 1e6:>14.1f} MB "
-                    f"{'/'.join(map(str, images)):>12s}")
-    if batches:
-        rows.append(f"batch (images, labels): {' | '.join(sorted(batches))}"
-                    + ("" if len(batches) == 1 else "  <- NOT the same on every path"))
+                    f"{'/'.join(map(str, images)):>12s}" + (f"  {shares}" if shares else ""))
+    for family, seen in batches.items():
+        if seen:
+            name = "DALI paths (vs dali-local)" if family else "batch"
+            rows.append(f"{name} (images, labels): {' | '.join(sorted(seen))}"
+                        + ("" if len(seen) == 1 else "  <- NOT the same on every path"))
     return "\n".join(rows)

@@ -92,10 +92,13 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @click.option("--litdata", default=None, metavar="URL",
               help="With --remote: also LitData reading the same images as its optimize() chunks at URL (cold and "
               "warm; fastload.bench.remote.write_litdata writes them; needs `pip install litdata`).")
+@click.option("--dali", is_flag=True, default=False,
+              help="With --remote: also DALILoader on the CPU over --store and over the URL (cold and warm), "
+              "compared with each other; needs `pip install fastload[dali]`.")
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     step_ms, host_ms, remote, mosaic, litdata, json_out) -> None:
+                     step_ms, host_ms, remote, mosaic, litdata, dali, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -103,9 +106,10 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     before the next is timed; ratios against torchvision, also per round. A path that
     cannot run on DATA is reported skipped with the reason.
     """
-    for flag, given in (("--mosaic", mosaic), ("--litdata", litdata)):
+    for flag, given in (("--mosaic", mosaic), ("--litdata", litdata), ("--dali", dali or None)):
         if given is not None and remote is None:
-            raise click.UsageError(f"{flag} URL is compared with --remote URL: give both (and --store).")
+            raise click.UsageError(f"{flag}{'' if flag == '--dali' else ' URL'} is compared with --remote URL: "
+                                   "give both (and --store).")
     if remote is not None:
         from fastload.bench.remote import RemoteBenchOptions, bench_remote
 
@@ -113,7 +117,7 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
             raise click.UsageError("--remote URL needs --store: the same sharded store on local disk.")
         emit(bench_remote(store, remote, RemoteBenchOptions(workers=workers, batch_size=batch_size,
                                                             image_size=image_size, rounds=rounds),
-                          mosaic_url=mosaic, litdata_url=litdata), json_out)
+                          mosaic_url=mosaic, litdata_url=litdata, dali=dali), json_out)
         return
     from fastload.bench.loader import LoaderBenchOptions, bench_loader
 

@@ -127,6 +127,11 @@ class ShardOrder:
             pos = end
         return out
 
+    def window_shards(self, order: np.ndarray, window: tuple[int, int, list[int]]) -> list[int]:
+        """The shards a window of ``windows(order)`` reads, in the order it first touches them."""
+        shards = self.shard_of(order[window[0]:window[1]])
+        return shards[np.sort(np.unique(shards, return_index=True)[1])].tolist()
+
     def __len__(self) -> int:
         n = self._remaining_total()
         per = n // self.num_replicas if self.drop_last else math.ceil(n / self.num_replicas)

@@ -52,8 +52,10 @@ Must not: be imported by ``fastload/__init__`` eagerly.
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -282,6 +284,7 @@ class DALILoader:
         self._partial = False  # the current pipeline started mid-epoch (after a skip): rebuild next epoch
         self.epoch = 0
         self.skipped = 0
+        self.time_to_first_batch: float | None = None  #: seconds from ``iter()`` to the latest epoch's first batch
 
     # ---- building -------------------------------------------------------------------------
 
@@ -383,9 +386,26 @@ class DALILoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if not getattr(self, "_resume_inner", False):  # position bookkeeping and resume: _resume_iter
-            yield from self._resume_iter()
-            return
+        if getattr(self, "_resume_inner", False):
+            return self._epoch_batches()
+        # not a generator itself: the clock starts at iter(), as fastload.DataLoader's does, and covers
+        # building the pipeline (its workers' start) and, from a store in object storage, the first downloads
+        return self._timed(self._resume_iter(), time.perf_counter())  # position bookkeeping and resume
+
+    def _timed(self, batches: Iterator, t0: float) -> Iterator:
+        """``batches``, recording ``time_to_first_batch`` at the first (and logging it for a URL, INFO on
+        the ``fastload`` logger, as ``fastload.DataLoader`` does)."""
+        epoch = self.epoch
+        for n, batch in enumerate(batches):
+            if n == 0:
+                self.time_to_first_batch = time.perf_counter() - t0
+                if self.remote:
+                    logging.getLogger("fastload").info(
+                        "fastload: first batch of epoch %d from %s after %.2f s (DALI, device=%s)", epoch,
+                        self.source, self.time_to_first_batch, self.device)
+            yield batch
+
+    def _epoch_batches(self) -> Iterator:
         epoch = self.epoch
         self.epoch += 1
         if self._partial:  # the last pipeline started mid-epoch: its epochs do not line up

@@ -82,7 +82,13 @@ class ShardSampler(ShardOrder, Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         order = self.order()
         end = 0
-        for start, end, ahead in self.windows(order):
+        windows = self.windows(order)
+        if self.prefetch is not None and windows:
+            # the first window's own shards first, then (as each window starts) the next window's: told
+            # only the next one, the downloads of the first window (by the readers, as they need them)
+            # shared the link with the second's, and on a slow link the first batch waited for both
+            self.prefetch(self.window_shards(order, windows[0]))
+        for start, end, ahead in windows:
             if self.prefetch is not None and ahead:
                 self.prefetch(ahead)
             yield from order[start:end].tolist()

@@ -52,14 +52,22 @@ def sharded_store(tree: Path, dst: Path, shards: int) -> Path:
     return dst
 
 
-class Proxy:
-    """A loopback TCP proxy to ``target_port``: ``rate`` bytes/s towards the client (None: unlimited);
-    ``down()`` closes every connection and refuses new ones until ``up()``; ``hang()`` closes every
-    connection and accepts new ones but never answers them (held open until ``close()``: a server that
-    has its port back but does not serve yet), until ``up()``."""
+_BURST = 256 << 10  # shared link: bytes it may send at once after being idle (absorbs the proxy's own jitter)
 
-    def __init__(self, target_port: int, rate: float | None = None) -> None:
-        self.target, self.rate = target_port, rate
+
+class Proxy:
+    """A loopback TCP proxy to ``target_port``: ``rate`` bytes/s towards the client (None: unlimited), per
+    connection, or with ``shared=True`` for all connections together (one link: concurrent downloads share
+    it); ``down()`` closes every connection and refuses new ones until ``up()``; ``hang()`` closes every
+    connection and accepts new ones but never answers them (held open until ``close()``: a server that
+    has its port back but does not serve yet), until ``up()``. ``mark()`` then
+    ``traffic()``: the bytes sent towards the client since the mark, and the ``time.monotonic()`` of the
+    first and the last of them (how busy the link was)."""
+
+    def __init__(self, target_port: int, rate: float | None = None, *, shared: bool = False) -> None:
+        self.target, self.rate, self.shared = target_port, rate, shared
+        self._link_free = 0.0  # shared: when the link has sent what was queued on it (monotonic)
+        self._sent, self._first, self._last = 0, 0.0, 0.0
         self._up = threading.Event()
         self._up.set()
         self._hang = False
@@ -99,16 +107,27 @@ class Proxy:
             with self._lock:
                 self._conns += [client, upstream]
             threading.Thread(target=self._pipe, args=(client, upstream, None), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, self.rate), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, self.rate, True), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, rate: float | None) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, rate: float | None, down: bool = False) -> None:
         try:
             while True:
                 data = src.recv(16384)
                 if not data:
                     break
+                if down and rate and self.shared:  # queue on the one link: wait for its turn, then send
+                    with self._lock:  # a token bucket of _BURST bytes: the proxy's own pauses are not lost time
+                        now = time.monotonic()
+                        self._link_free = max(self._link_free, now - _BURST / rate) + len(data) / rate
+                        until = self._link_free
+                    time.sleep(max(0.0, until - now))
                 dst.sendall(data)
-                if rate:
+                if down:
+                    with self._lock:
+                        self._last = time.monotonic()
+                        self._first = self._first or self._last
+                        self._sent += len(data)
+                if rate and not self.shared:
                     time.sleep(len(data) / rate)
         except OSError:
             pass
@@ -137,6 +156,14 @@ class Proxy:
     def up(self) -> None:
         self._hang = False
         self._up.set()
+
+    def mark(self) -> None:
+        with self._lock:
+            self._sent, self._first, self._last = 0, 0.0, 0.0
+
+    def traffic(self) -> tuple[int, float, float]:
+        with self._lock:
+            return self._sent, self._first, self._last
 
     def close(self) -> None:
         self._stop = True

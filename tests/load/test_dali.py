@@ -261,3 +261,17 @@ def test_a_forked_child_never_destroys_a_pipeline_it_inherited():
     out = subprocess.run([sys.executable, "-c", _FORK_COLLECT], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["finished", "0"]
+
+
+@dali
+def test_time_to_first_batch_counts_from_iter(tiny_store):
+    import time
+
+    ld = loader(tiny_store)
+    assert ld.time_to_first_batch is None
+    it = iter(ld)  # the clock starts here, as fastload.DataLoader's does, not at the first next()
+    time.sleep(0.3)
+    next(it)
+    assert 0.3 <= ld.time_to_first_batch < 60
+    list(it)
+    ld.close()

@@ -209,6 +209,8 @@ def test_bench_loader_remote_needs_the_local_store():
     assert out.exit_code == 2 and "--mosaic URL is compared with --remote URL" in out.output
     out = CliRunner().invoke(main, ["bench", "loader", "--litdata", "s3://b/litdata/"])
     assert out.exit_code == 2 and "--litdata URL is compared with --remote URL" in out.output
+    out = CliRunner().invoke(main, ["bench", "loader", "--dali"])
+    assert out.exit_code == 2 and "--dali is compared with --remote URL" in out.output
 
 
 def test_inspect_a_url_through_the_cache(store_url, local_shards, tmp_path, monkeypatch):
@@ -255,6 +257,37 @@ def test_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp
         assert loader.time_to_first_batch == first
         list(loader)  # a second epoch, warm cache: much faster
         assert loader.time_to_first_batch < first
+    finally:
+        proxy.close()
+
+
+@pytest.mark.dali
+def test_dali_time_to_first_batch_is_reported(store_url, local_shards, s3_server, tmp_path, monkeypatch, caplog):
+    from fastload.dali import DALILoader, DALIOptions
+
+    shard = min((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=shard / 0.5)  # >= 0.5 s for any shard
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)  # DALI's spawned workers read it too
+        monkeypatch.setattr(remote, "_STORES", {})
+        ld = DALILoader(store_url, 4, train=False, device="cpu", num_threads=1, size=32,
+                        options=DALIOptions(cache_dir=str(tmp_path / "cache")))
+        try:
+            assert ld.time_to_first_batch is None
+            with caplog.at_level("INFO", logger="fastload"):
+                it = iter(ld)
+                next(it)
+            first = ld.time_to_first_batch
+            assert 0.3 < first < 120
+            assert any("first batch of epoch 0" in r.getMessage() and store_url in r.getMessage()
+                       and f"{first:.2f} s" in r.getMessage() for r in caplog.records)
+            for _ in it:  # the rest of the epoch does not change it
+                pass
+            assert ld.time_to_first_batch == first
+            list(ld)  # a second epoch: warm cache, the pipeline already built
+            assert ld.time_to_first_batch < first
+        finally:
+            ld.close()
     finally:
         proxy.close()
 
@@ -333,3 +366,39 @@ def test_dali_two_ranks_by_shards_with_a_cache_smaller_than_the_store(tiny_tree,
     finally:
         for ld in loaders:
             ld.close()
+
+
+@pytest.mark.slow
+@pytest.mark.dali
+def test_bench_dali_paths_and_the_links_share(store_url, local_shards, s3_server, monkeypatch):
+    """The remote bench's DALI paths (the same images, one batch contract among them, cold downloads and warm
+    does not, the loader's own first batch) and, through a shared-rate link, each remote epoch's use of it."""
+    from fastload.bench.remote import RemoteBenchOptions, bench_remote
+
+    store_bytes = sum((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
+    link = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=store_bytes / 0.5, shared=True)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", link.endpoint)
+        monkeypatch.setattr(remote, "_STORES", {})
+        result = bench_remote(local_shards, store_url, RemoteBenchOptions(workers=1, batch_size=4, image_size=32,
+                                                                          rounds=1), dali=True, link=link)
+    finally:
+        link.close()
+    out = result.to_json()["paths"]
+    n = len(fastload.LMDBImageDataset(local_shards))
+    assert set(out) == {"local", "remote-cold", "remote-warm", "dali-local", "dali-cold", "dali-warm"}
+    for name, path in out.items():
+        assert path["images_per_epoch"] == [n], name
+    assert {b for p, v in out.items() if p.startswith("dali-") for b in v["batch"]} \
+        == {"torch.float32 [3, 32, 32], torch.int64"}
+    assert out["dali-local"]["ratio_to_local"] == [1.0]
+    assert out["dali-cold"]["bytes_downloaded_per_epoch"][0] == store_bytes
+    assert out["dali-warm"]["bytes_downloaded_per_epoch"] == [0]
+    for name in ("dali-local", "dali-cold", "dali-warm"):
+        assert 0 < out[name]["loader_time_to_first_batch_s"][0] <= out[name]["first_batch_s_median"]
+    for name in ("remote-cold", "dali-cold"):  # the shards crossed the link, at some share of its rate
+        share = out[name]["link"][0]
+        assert share["bytes"] >= store_bytes and 0 < share["of_link_epoch"] <= share["of_link_downloading"]
+    assert "local" not in {p for p, v in out.items() if "link" in v}
+    assert out["remote-warm"]["link"][0]["bytes"] < store_bytes  # the manifest, no shard
+    assert "DALI paths (vs dali-local)" in result.table() and "of the" in result.table()
