@@ -50,6 +50,13 @@ __all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "node_down
 
 CACHE_META = "fastload-cache.json"
 UNREAD = "fastload-unread"
+#: Seconds a prefetched, unread shard outranks read ones for staying (its reader comes within them: a late
+#: rank's workers came ~10 s after the other's); after that it is an ordinary LRU entry, so the prefetches of
+#: a killed job, or of a resume that no longer needs them, do not outrank every read shard for ever.
+UNREAD_HOLD_S = 600.0
+#: A reader queued on a download that failed on the endpoint meets its error when it waited this share of
+#: that download's tries (it arrived with it, or soon after); otherwise it tries for a budget of its own.
+REPLAY_SHARE = 0.8
 DOWNLOAD_LOG = ".downloads.log"
 _LOCK = ".fastload-cache.lock"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
@@ -318,6 +325,7 @@ class ShardCache:
             reserve = self._reserve(spec, blocking)
             if reserve is None:
                 return False
+            started = time.time()
             try:
                 self._fetch_checked(spec, final, unread=not blocking)
             except RemoteStoreError as exc:
@@ -327,8 +335,8 @@ class ShardCache:
                 if exc.reason != "endpoint":
                     raise
                 with contextlib.suppress(OSError):
-                    failed.write_text(json.dumps({"time": time.time(), "message": exc.args[0], "url": exc.url,
-                                                  "reason": exc.reason}))
+                    failed.write_text(json.dumps({"started": started, "time": time.time(), "message": exc.args[0],
+                                                  "url": exc.url, "reason": exc.reason}))
                 raise
             else:
                 with contextlib.suppress(OSError):
@@ -346,12 +354,17 @@ class ShardCache:
 
     @staticmethod
     def _replay_failure(failed: Path, waiting_since: float) -> None:
-        """Raise the error of the download of this shard that failed while this reader waited for its lock."""
+        """Raise the error of the download of this shard that failed on the endpoint while this reader waited
+        for its lock, when the reader waited about as long as that download tried (``REPLAY_SHARE`` of it):
+        trying again would only spend a second budget. A reader that came late in it (behind a prefetch
+        that had been trying for a while) tries for a budget of its own."""
         try:
             f = json.loads(failed.read_text())
-        except (OSError, ValueError):
+            started, ended = float(f["started"]), float(f["time"])
+        except (OSError, ValueError, TypeError, KeyError):
             return
-        if isinstance(f, dict) and f.get("time", 0.0) >= waiting_since:
+        now = time.time()
+        if waiting_since <= ended <= now and now - waiting_since >= REPLAY_SHARE * (ended - started):
             head, sep, rest = str(f.get("message", "")).partition("\n")
             raise RemoteStoreError(f"{head} (the download this reader waited for failed so; not retried again)"
                                    f"{sep}{rest}", url=f.get("url", ""), reason=f.get("reason", "other"))
@@ -413,15 +426,18 @@ class ShardCache:
         """Complete shards the cache made, in every store folder: (path, size, last use), in eviction
         order: shards read at least once, least recently used first, then prefetched ones no reader
         has leased yet (oldest first). A prefetched shard's use is still ahead: evicting it first
-        (its download is older than the leases of shards read since) would download it twice."""
-        out = []
+        (its download is older than the leases of shards read since) would download it twice. An
+        unread shard older than ``UNREAD_HOLD_S`` is an ordinary entry (its reader is not coming)."""
+        out, now = [], time.time()
         for meta in self.dir.glob(f"*/*/{CACHE_META}"):
             shard = meta.parent
             info = self._meta(shard)
             if info is None:
                 continue
             with contextlib.suppress(OSError):
-                out.append((shard, int(info["size"]), meta.stat().st_mtime, (shard / UNREAD).exists()))
+                used = meta.stat().st_mtime
+                out.append((shard, int(info["size"]), used,
+                            (shard / UNREAD).exists() and now - used < UNREAD_HOLD_S))
         out.sort(key=lambda e: (e[3], e[2]))
         return [e[:3] for e in out]
 

@@ -21,8 +21,9 @@ DataLoader workers and the download child processes unchanged). obstore retries 
 itself, on a new client, until the budget is spent (a body broken mid-way too): see ``_drop_store``.
 Reads (GET, HEAD, LIST: ``_store(reads=True)``) also give up on a connection the server accepted but
 sends nothing on for ``_STALL_S`` seconds (10: obstore's ``read_timeout``), and ask again on a new
-one: without it such a request waits for the whole request timeout (300 s, sized for big shards) with
-no retry, as a request that connected while a restarted endpoint came back did. Writes have no
+one: without it such a request waits for the whole request timeout with no retry, as a request that
+connected while a restarted endpoint came back did. With the stall limit, a read's whole-request
+limit is lifted (a big shard on a slow link may stream for longer than 300 s). Writes have no
 such limit (a server may take longer than that to answer a large upload's last part).
 
 Must not: know about LMDB, shards or images (``manifest.py`` and ``pack/`` do).
@@ -88,6 +89,8 @@ _CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
 #: Reads: seconds without a byte from the server before the request is given up and asked again (a request
 #: whose connection the server accepted and then never answered: a restarting endpoint, a hung server).
 _STALL_S = 10
+#: Reads: the whole request's limit (a 1 GB shard at 2.5 MB/s takes 400 s: over the 300 s writes have).
+_READS_TIMEOUT = "24h"
 _MULTIPART = 16 << 20  # upload_file: parts of this size above it
 
 _STORES: dict[tuple, Any] = {}
@@ -149,8 +152,8 @@ def _store(loc: RemoteLocation, attempt_s: float | None = None, *, reads: bool =
         raise MissingDependencyError(f"{loc}: object storage needs obstore.\nHINT: pip install 'fastload[s3]'") \
             from None
     client = dict(_CLIENT)
-    if reads:
-        client["read_timeout"] = f"{_STALL_S}s"
+    if reads:  # a silent server is caught by the stall limit, so a body that keeps flowing may take its time
+        client.update(read_timeout=f"{_STALL_S}s", timeout=_READS_TIMEOUT)
     if loc.scheme in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         client["allow_http"] = True  # the user named a plain-http endpoint (a local MinIO or SeaweedFS)
     with _STORES_LOCK:
@@ -352,6 +355,11 @@ def _stream_to(loc: RemoteLocation, tmp: Path) -> int:
             size += len(chunk)
 
 
+def _no_such_object(exc: BaseException) -> bool:
+    """obstore's answer for a missing object (not a local file missing)."""
+    return isinstance(exc, FileNotFoundError) and "not found" in str(exc).lower() and "Object" in str(exc)
+
+
 def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> int:
     """Stream the object at ``url`` into ``path`` (written beside it, renamed when whole); returns its size.
 
@@ -372,7 +380,7 @@ def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> in
             except Exception as exc:
                 now = time.monotonic()
                 transient = not isinstance(exc, RemoteStoreError) and _transient(loc, exc)
-                recovering = met_outage and isinstance(exc, FileNotFoundError)
+                recovering = met_outage and _no_such_object(exc)
                 if now >= deadline or not (transient or recovering):
                     raise exc.exc if isinstance(exc, _BodyBroken) else exc
                 met_outage = met_outage or transient
@@ -383,7 +391,7 @@ def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> in
     except RemoteStoreError:
         raise
     except OSError as exc:
-        if isinstance(exc, FileNotFoundError) and "not found" in str(exc).lower() and "Object" in str(exc):
+        if _no_such_object(exc):
             raise _error(loc, "downloading", exc) from None
         raise RemoteStoreError(f"{loc}: downloading to {path} failed: {exc}.\nHINT: check that the local folder "
                                "exists, is writable and has space", url=str(loc), reason="other") from None
