@@ -91,10 +91,13 @@ def check_link(link: Link, url: str, size: int = 64 << 20) -> None:
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    link_mbps = float(sys.argv[sys.argv.index("--link-mbps") + 1]) if "--link-mbps" in sys.argv else None
-    if link_mbps is not None:
-        args.remove(sys.argv[sys.argv.index("--link-mbps") + 1])
+    argv = list(sys.argv[1:])
+    link_mbps = None
+    if "--link-mbps" in argv:  # its value removed by position (it may equal a positional argument)
+        i = argv.index("--link-mbps")
+        link_mbps = float(argv[i + 1])
+        del argv[i:i + 2]
+    args = [a for a in argv if not a.startswith("--")]
     root = Path(tempfile.mkdtemp(prefix="ss-bench-"))
     ports = dict(zip(s3mod._PORTS, s3mod._free_ports(len(s3mod._PORTS))))
     (root / "data").mkdir()
