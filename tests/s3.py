@@ -110,7 +110,7 @@ class S3Server:
         args += [f"-{name if '.' in name else name + '.port'}={port}" for name, port in self.ports.items()]
         self.log = self.data.parent / "weed.log"
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
-        with open(self.log, "wb") as log:  # the child keeps its own copy of the descriptor
+        with open(self.log, "ab") as log:  # the child keeps its own copy; a restart's log follows the last one
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True, cwd=self.data, preexec_fn=_die_with_parent)
         self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,

@@ -133,11 +133,15 @@ def test_endpoint_down_10s_mid_epoch_is_ridden_out(own_server, published, tmp_pa
         if thread.ident is not None:
             thread.join()
     if error is not None:
-        # a server that did not come back in time is the test machine's failure, not the client's (a loaded
-        # machine once took 31 s to bring it back serving): then nothing about the client is shown
-        if "back" not in times or times["back"] - times["stopped"] >= OUTAGE_BUDGET_S - 5:
-            pytest.skip(f"the restarted SeaweedFS was not serving its objects again within the budget: {times}; "
-                        f"its log: {own_server.log.read_text()[-800:] if own_server.log else ''}")
+        # the server's failure, not the client's, shows nothing about the client: a server that did not come
+        # back in time (a loaded machine once took 31 s), or one that came back and then stopped serving.
+        # Under load a restarted `weed mini` served every shard, then its filer and volume server stopped on
+        # their own within 3 s ("Filer stopped" in its log, GETs answered "all filers failed", then its S3
+        # port closed): 2 of 8 runs beside a CPU burner and a CI run; the client's error then was right
+        if "back" not in times or times["back"] - times["stopped"] >= OUTAGE_BUDGET_S - 5 \
+                or not _reads_every_shard(own_server, ds, within=5.0):
+            pytest.skip(f"the restarted SeaweedFS was not serving its objects when the client gave up ({error}): "
+                        f"{times}; its log: {own_server.log.read_text()[-1500:] if own_server.log else ''}")
         raise error
     away = times["restart"] - times["stopped"]
     assert away >= 10, f"the server was away {away:.1f} s"
