@@ -205,6 +205,9 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
     """Re-read every record of STORE: metadata and record checksums, and a decode with each decoder
     (crash-isolated), compared with Pillow's pixels; exit 1 on any problem.
 
+    A folder of shards with a manifest.json (convert --num-shards) is first checked against it: each
+    shard file's size and sha256, and samples.json.gz, as in a bucket.
+
     STORE may be s3://... (gs://, az://): every shard object is checked against the manifest
     (exists, size, sha256), and each missing or corrupted one is named."""
     from fastload.store.check import DECODERS, report_json, verify_remote_shards, verify_store
@@ -235,11 +238,15 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
     if as_json:
         click.echo(report_json(report))
     else:
+        for f, why in report.shards:
+            click.echo(f"{printable(f)}: {why}")
         for i, rel, why in report.failures:
             click.echo(f"sample {i} ({printable(rel)}): {why}")
-        state = "OK" if report.ok else f"{len(report.failures)} problems"
+        state = "OK" if report.ok else f"{len(report.failures) + len(report.shards)} problems"
         per = ", ".join(f"{d} {len(ix)} bad" for d, ix in report.by_decoder().items() if ix)
         checked = "checksums" + (f", decoders {', '.join(report.decoders)}" if report.decoders else "")
+        if report.shards:
+            checked += f"; {len(report.shards)} shard files differ from the manifest"
         click.echo(f"{store}: {report.count} samples checked, {state} ({checked}" + (f"; {per})" if per else ")"))
     if not report.ok:
         sys.exit(1)

@@ -113,16 +113,18 @@ def _remote_metas(url: str, cache_dir) -> list:
 
 @dataclass
 class VerifyReport:
-    """The outcome of ``verify_store``: ``failures`` holds ``(index, relpath, reason)``."""
+    """The outcome of ``verify_store``: ``failures`` holds ``(index, relpath, reason)``; ``shards``
+    holds ``(shard file, problem)`` for a folder of shards whose files differ from its manifest."""
 
     path: str
     count: int
     decoders: tuple[str, ...] = ("fastload",)
     failures: list[tuple[int, str, str]] = field(default_factory=list)
+    shards: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.shards
 
     def by_decoder(self) -> dict[str, list[int]]:
         """Failing indices per decoder (``"checksum"`` for records that fail their checksum)."""
@@ -253,7 +255,8 @@ def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders:
     crashed is rerun one record per task, so the crash is reported against its record.
 
     A folder of shards with a ``manifest.json`` is first checked against it (``check_local_manifest``:
-    the shards it names, and ``samples.json.gz``, as ``verify_remote_shards`` checks a bucket).
+    the shards it names, each shard file's size and sha256, and ``samples.json.gz``, as
+    ``verify_remote_shards`` checks a bucket); a shard file that differs is in ``report.shards``.
 
     Raises:
         StoreError: the path is not a complete, intact store (metadata checked on open).
@@ -275,11 +278,12 @@ def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders:
         if not dali_available():
             raise MissingDependencyError(f"--decoders dali needs DALI.\nHINT: {DALI_INSTALL_HINT}")
     reader = StoreReader(path)
+    shard_problems: list[tuple[str, str]] = []
     if (Path(path) / MANIFEST_NAME).is_file():  # a folder of shards that fastload convert --num-shards wrote
-        check_local_manifest(Path(path), reader)
+        shard_problems = check_local_manifest(Path(path), reader, progress=progress)
     n = len(reader)
     used = tuple(decoders) if decode else ()
-    report = VerifyReport(str(path), n, used)
+    report = VerifyReport(str(path), n, used, shards=shard_problems)
     handler = f"{__name__}:verify_range"
     jobs = [(str(path), s, min(n, s + _RANGE), used) for s in range(0, n, _RANGE)]
     workers = max(1, min(workers or available_cpus(), len(jobs) or 1))
@@ -306,7 +310,8 @@ def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders:
 def report_json(report: VerifyReport) -> str:
     return json.dumps({"path": report.path, "count": report.count, "ok": report.ok, "decoders": list(report.decoders),
                        "failing_by_decoder": report.by_decoder(),
-                       "failures": [{"index": i, "relpath": r, "reason": why} for i, r, why in report.failures]},
+                       "failures": [{"index": i, "relpath": r, "reason": why} for i, r, why in report.failures],
+                       "shard_problems": [{"file": f, "problem": why} for f, why in report.shards]},
                       indent=1)
 
 
@@ -373,12 +378,17 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
     return len(manifest.shards), problems
 
 
-def check_local_manifest(path: Path, reader: StoreReader) -> None:
+def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = False) -> list[tuple[str, str]]:
     """A local folder of shards with a ``manifest.json``: the manifest is valid, names the shards the
     folder holds, and (format 2) its ``samples.json.gz`` is there, is the object the manifest names
     (size, sha256, content: ``parse_samples``, as ``verify_remote_shards`` checks it in a bucket) and
     holds the shards' own labels and paths. Nothing local reads that object, but a copy of the folder
     in a bucket hands its labels out before any shard is read, so it is checked before it travels.
+
+    Each shard's ``data.mdb`` must have the manifest's size and sha256, as its copy in a bucket must:
+    a node cache refuses a shard whose bytes differ (``ShardIntegrityError``), so a file changed after
+    its manifest was written is found here, before it is uploaded. Returns ``(file, problem)`` for
+    each that differs (the record pass that follows names the samples it damaged, if any).
 
     Raises:
         ManifestError: the manifest or the samples object is missing, damaged or replaced (names the file).
@@ -399,8 +409,9 @@ def check_local_manifest(path: Path, reader: StoreReader) -> None:
         raise ManifestError(f"{where}: it names {len(named)} shards, the folder holds {len(held)}; at position {k} "
                             f"the manifest names {say(named)}, the folder holds {say(held)}.\nHINT: the folder and "
                             "its manifest come from different conversions; convert the source again into a new DST.")
+    problems = _shard_files_against(path, manifest, progress=progress)
     if manifest.samples is None:  # format 1: labels and paths live in the shards only
-        return
+        return problems
     obj = path / SAMPLES_NAME
     labels, paths = parse_samples(obj.read_bytes() if obj.is_file() else None, manifest, where=str(obj))
     if labels != reader.labels.tolist() or paths != list(reader.paths):
@@ -409,3 +420,41 @@ def check_local_manifest(path: Path, reader: StoreReader) -> None:
                             f"shard, {labels[first]} ({paths[first]}) in {SAMPLES_NAME}: the object matches the "
                             "manifest but not the shards.\nHINT: the folder's files come from different conversions; "
                             "convert the source again into a new DST.")
+    return problems
+
+
+def _shard_files_against(path: Path, manifest, *, progress: bool) -> list[tuple[str, str]]:
+    """``(file, problem)`` for each shard file whose size or sha256 differs from the manifest's. Hashed in
+    threads (hashlib releases the GIL on large buffers: a disk, not one core, sets the pace)."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm import tqdm
+
+    from fastload.store.manifest import SHARD_FILE
+    from fastload.system import available_cpus
+
+    def check(entry) -> tuple[str, str] | None:
+        f = path / entry.name / SHARD_FILE
+        size = f.stat().st_size
+        if size != entry.bytes:
+            return str(f), (f"{size:,} bytes, the manifest says {entry.bytes:,}: the file changed after its "
+                            "manifest was written (a copy in a bucket would be refused by every reader)")
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while chunk := fh.read(8 << 20):
+                h.update(chunk)
+        if h.hexdigest() != entry.sha256:
+            return str(f), (f"sha256 {h.hexdigest()[:16]}... differs from the manifest's {entry.sha256[:16]}...: "
+                            "the file changed after its manifest was written (a copy in a bucket would be "
+                            "refused by every reader)")
+        return None
+
+    out = []
+    with ThreadPoolExecutor(max(1, min(4, available_cpus()))) as pool, \
+            tqdm(total=len(manifest.shards), unit="shard", desc="shards vs manifest", disable=not progress) as bar:
+        for problem in pool.map(check, manifest.shards):
+            bar.update(1)
+            if problem is not None:
+                out.append(problem)
+    return out

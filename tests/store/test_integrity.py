@@ -280,3 +280,39 @@ def test_local_verify_checks_the_manifest_and_samples_object(sharded, tmp_path, 
     r = cli("verify", store, "--quiet", "--workers", "1")
     assert r.exit_code == 1
     assert re.search(re.escape(f"{store}/") + expected, r.output) and "HINT" in r.output, r.output
+
+
+@pytest.mark.parametrize("where", ["appended", "record"])
+def test_local_verify_checks_each_shard_file_against_the_manifest(sharded, tmp_path, where):
+    """A shard file changed after its manifest was written (bytes appended, which no record read sees, or a
+    byte flipped in a record) is named by its file, before a copy in a bucket is refused by every reader's
+    size and sha256 check; a flipped record byte is named by its sample too."""
+    import json
+
+    from fastload.store.manifest import Manifest
+
+    store = tmp_path / "store"
+    shutil.copytree(sharded, store)
+    manifest = Manifest.from_json((store / "manifest.json").read_text())
+    shard = store / manifest.shards[1].name / "data.mdb"
+    data = bytearray(shard.read_bytes())
+    if where == "record":
+        from fastload.store.reader import StoreReader
+
+        reader = StoreReader(store)
+        first = reader.offsets[1]
+        record = reader.get(first, verify=False)
+        at = data.find(record[100:164])
+        assert at > 0
+        data[at] ^= 0xFF
+    else:
+        data += b"\0" * 4096
+    shard.write_bytes(bytes(data))
+    r = cli("verify", store, "--quiet", "--workers", "1", "--json")
+    assert r.exit_code == 1, r.output
+    out = json.loads(r.output)
+    assert [p["file"] for p in out["shard_problems"]] == [str(shard)]
+    assert "the file changed after its manifest was written" in out["shard_problems"][0]["problem"]
+    assert bool(out["failures"]) == (where == "record"), out["failures"]
+    r = cli("verify", store, "--quiet", "--workers", "1")
+    assert f"{shard}: " in r.output and "1 shard files differ from the manifest" in r.output, r.output
