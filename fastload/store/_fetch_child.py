@@ -5,19 +5,49 @@ used obstore hangs in its first request (a fork of a process with the tokio runt
 Such a process downloads shards through this module instead (``remote_store._download``); a
 shard is megabytes to gigabytes, so the interpreter start is noise. The failure comes back as
 one JSON line on stderr and becomes the same ``RemoteStoreError`` in the caller.
+
+The download ends with the process that asked for it: torch terminates a DataLoader worker
+that does not stop within 5 s of its shutdown (SIGTERM, no Python cleanup), and an orphaned
+download would go on for up to the retry budget (or a whole 1 GB shard) into a partial folder
+nobody reads. A watchdog thread sees the parent go, removes what this process wrote (the
+partial file, and PATH's folder when that leaves it empty: the cache made it for this
+download) and exits.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+from pathlib import Path
 
 from fastload.errors import RemoteStoreError
 from fastload.store.remote import download_file
 
+WATCH_S = 0.25  # how often the watchdog looks for the parent
+
+
+def _watch_parent(parent: int, path: Path) -> None:
+    stop = threading.Event()
+    while not stop.wait(WATCH_S):
+        if os.getppid() != parent:  # reparented: the process that wanted these bytes is gone
+            for f in (path.with_name(f".{path.name}.{os.getpid()}.part"), path):
+                try:
+                    f.unlink()
+                except OSError:
+                    pass
+            try:
+                path.parent.rmdir()  # only when empty
+            except OSError:
+                pass
+            os._exit(4)
+
 
 def main(argv: list[str]) -> int:
     url, path = argv
+    threading.Thread(target=_watch_parent, args=(os.getppid(), Path(path)), daemon=True,
+                     name="fastload-fetch-watchdog").start()
     try:
         download_file(url, path)
     except RemoteStoreError as exc:

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +115,7 @@ class RemoteStoreReader:
         self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (lease, meta)
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
+        self._endpoint_failed = -math.inf  # when a prefetch last failed on the endpoint (monotonic)
 
     def __getstate__(self) -> dict:  # leases, handles and threads stay in the process that made them
         state = dict(self.__dict__)
@@ -180,13 +183,24 @@ class RemoteStoreReader:
             self._reset()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="fastload-prefetch")
+        queued = time.monotonic()
         for i in shards:
-            self._pool.submit(self._prefetch_one, i)
+            self._pool.submit(self._prefetch_one, i, queued)
 
-    def _prefetch_one(self, i: int) -> None:
+    def _prefetch_one(self, i: int, queued: float) -> None:
+        """One background download. Dropped when a prefetch that ended after this one was queued
+        failed on the endpoint (it retried for the whole budget): each queued behind it would spend
+        another budget on the same dead endpoint (6 shards, 2 threads: 3 budgets after the job has
+        already failed). The reader that needs the shard still downloads it, and meets the error
+        itself; prefetches queued later (the next window) try again."""
+        if self._endpoint_failed > queued:
+            log.debug("prefetch of %s dropped: a prefetch just failed on the endpoint", self.specs[i].url)
+            return
         try:
             self.cache.prefetch(self.specs[i])
         except Exception as exc:  # the reader meets the same error, in the sample that needs it
+            if getattr(exc, "reason", "") == "endpoint":
+                self._endpoint_failed = time.monotonic()
             log.warning("prefetch of %s failed: %s", self.specs[i].url, str(exc).splitlines()[0])
 
     def close(self) -> None:

@@ -402,3 +402,80 @@ def test_bench_dali_paths_and_the_links_share(store_url, local_shards, s3_server
     assert "local" not in {p for p, v in out.items() if "link" in v}
     assert out["remote-warm"]["link"][0]["bytes"] < store_bytes  # the manifest, no shard
     assert "DALI paths (vs dali-local)" in result.table() and "of the" in result.table()
+
+
+def test_prefetches_queued_behind_an_endpoint_failure_are_dropped(store_url, s3_server, tmp_path, monkeypatch):
+    """A prefetch that retried for the whole budget on a dead endpoint drops the ones queued behind it (each
+    would spend another budget on it after the reader has failed); a later prefetch tries again."""
+    monkeypatch.setenv(remote.RETRY_ENV, "2")
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]))
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        monkeypatch.setattr(remote, "_STORES", {})
+        ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+        reader = ds._reader
+        tried: list[str] = []
+        fetch = reader.cache.fetch
+
+        def counting(url, path):
+            tried.append(url)
+            return fetch(url, path)
+
+        reader.cache.fetch = counting
+        proxy.down()
+        ds.prefetch_shards([0, 1, 2])  # two threads: shards 0 and 1 at once, 2 queued behind them
+        pool = reader._pool
+        pool.shutdown(wait=True)  # every queued prefetch has run or been dropped
+        reader._pool = None
+        assert sorted(tried) == sorted(s.url for s in reader.specs[:2]), tried
+        proxy.up()
+        ds.prefetch_shards([2])  # queued after the failure: tried again
+        reader._pool.shutdown(wait=True)
+        assert tried[-1] == reader.specs[2].url and reader.cache.cached(reader.specs[2])
+    finally:
+        proxy.close()
+
+
+def test_a_download_whose_process_is_killed_leaves_nothing(store_url, s3_server, tmp_path, monkeypatch):
+    """A forked worker downloads in a child process (_fetch_child); torch kills a worker that does not stop
+    within 5 s. The child must not go on downloading into a folder nobody reads: it sees its parent go,
+    removes its partial file and the folder made for it, and exits."""
+    import os
+    import subprocess
+    import sys
+
+    proxy = Proxy(int(s3_server.endpoint.rsplit(":", 1)[1]), rate=20_000)  # a shard takes seconds
+    proxy.mark()
+    try:
+        env = {**os.environ, **s3_server.env, "AWS_ENDPOINT_URL": proxy.endpoint}
+        part = tmp_path / "partial" / "shard-00000.123"
+        part.mkdir(parents=True)
+        url = store_url + "shard-00000-of-00003/data.mdb"
+        middle = subprocess.Popen(
+            [sys.executable, "-c", "import subprocess, sys\n"
+             "p = subprocess.Popen([sys.executable, '-m', 'fastload.store._fetch_child', sys.argv[1], sys.argv[2]])\n"
+             "print(p.pid, flush=True)\np.wait()", url, str(part / "data.mdb")],
+            stdout=subprocess.PIPE, text=True, env=env)
+        child = int(middle.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not (list(part.glob(".data.mdb.*.part")) and proxy.traffic()[0]):  # the body is streaming
+            assert time.monotonic() < deadline, "the download never started"
+            time.sleep(0.05)
+        middle.kill()  # SIGKILL: no cleanup of its own
+        middle.wait()
+        middle.stdout.close()
+
+        def running(pid: int) -> bool:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return " Z " not in f.read()  # a zombie has stopped
+            except FileNotFoundError:
+                return False
+
+        deadline = time.monotonic() + 10
+        while running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(child), "the download went on after the process that wanted it died"
+        assert not part.exists(), list(part.iterdir())
+    finally:
+        proxy.close()
