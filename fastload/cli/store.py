@@ -246,7 +246,7 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
         per = ", ".join(f"{d} {len(ix)} bad" for d, ix in report.by_decoder().items() if ix)
         checked = "checksums" + (f", decoders {', '.join(report.decoders)}" if report.decoders else "")
         if report.shards:
-            checked += f"; {len(report.shards)} shard files differ from the manifest"
+            checked += f"; shard files that differ from the manifest: {len(report.shards)}"
         click.echo(f"{store}: {report.count} samples checked, {state} ({checked}" + (f"; {per})" if per else ")"))
     if not report.ok:
         sys.exit(1)

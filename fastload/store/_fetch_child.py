@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from fastload.errors import RemoteStoreError
@@ -28,25 +29,37 @@ from fastload.store.remote import download_file
 WATCH_S = 0.25  # how often the watchdog looks for the parent
 
 
-def _watch_parent(parent: int, path: Path) -> None:
-    stop = threading.Event()
-    while not stop.wait(WATCH_S):
-        if os.getppid() != parent:  # reparented: the process that wanted these bytes is gone
-            for f in (path.with_name(f".{path.name}.{os.getpid()}.part"), path):
-                try:
-                    f.unlink()
-                except OSError:
-                    pass
+def _abandon(path: Path) -> None:
+    """The process that wanted these bytes is gone: remove what this one wrote, and exit."""
+    for _ in range(3):  # a retry may open a new partial file between the unlinks and the rmdir
+        for f in (path.with_name(f".{path.name}.{os.getpid()}.part"), path):
             try:
-                path.parent.rmdir()  # only when empty
+                f.unlink()
             except OSError:
                 pass
-            os._exit(4)
+        try:
+            path.parent.rmdir()  # only when empty
+            break
+        except FileNotFoundError:
+            break
+        except OSError:
+            continue
+    os._exit(4)
+
+
+def _watch_parent(parent: int, path: Path) -> None:
+    while True:
+        if os.getppid() != parent:  # reparented (or never ours): the process that wanted these bytes is gone
+            _abandon(path)
+        time.sleep(WATCH_S)
 
 
 def main(argv: list[str]) -> int:
-    url, path = argv
-    threading.Thread(target=_watch_parent, args=(os.getppid(), Path(path)), daemon=True,
+    """``URL PATH [PARENT_PID]``: PARENT_PID is the pid of the process that wants the bytes (it may die
+    before this interpreter has started: then ``os.getppid()`` is already someone else's)."""
+    url, path = argv[:2]
+    parent = int(argv[2]) if len(argv) > 2 else os.getppid()
+    threading.Thread(target=_watch_parent, args=(parent, Path(path)), daemon=True,
                      name="fastload-fetch-watchdog").start()
     try:
         download_file(url, path)

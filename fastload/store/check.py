@@ -409,10 +409,9 @@ def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = Fa
         raise ManifestError(f"{where}: it names {len(named)} shards, the folder holds {len(held)}; at position {k} "
                             f"the manifest names {say(named)}, the folder holds {say(held)}.\nHINT: the folder and "
                             "its manifest come from different conversions; convert the source again into a new DST.")
-    problems = _shard_files_against(path, manifest, progress=progress)
     if manifest.samples is None:  # format 1: labels and paths live in the shards only
-        return problems
-    obj = path / SAMPLES_NAME
+        return _shard_files_against(path, manifest, progress=progress)
+    obj = path / SAMPLES_NAME  # checked first: a small object, where hashing every shard reads the store
     labels, paths = parse_samples(obj.read_bytes() if obj.is_file() else None, manifest, where=str(obj))
     if labels != reader.labels.tolist() or paths != list(reader.paths):
         first = next(i for i in range(len(labels)) if labels[i] != reader.labels[i] or paths[i] != reader.paths[i])
@@ -420,7 +419,7 @@ def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = Fa
                             f"shard, {labels[first]} ({paths[first]}) in {SAMPLES_NAME}: the object matches the "
                             "manifest but not the shards.\nHINT: the folder's files come from different conversions; "
                             "convert the source again into a new DST.")
-    return problems
+    return _shard_files_against(path, manifest, progress=progress)
 
 
 def _shard_files_against(path: Path, manifest, *, progress: bool) -> list[tuple[str, str]]:

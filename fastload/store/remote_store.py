@@ -57,7 +57,7 @@ def _download(url: str, dest: Path) -> None:
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "fastload.store._fetch_child", url, str(dest)],
+    proc = subprocess.run([sys.executable, "-m", "fastload.store._fetch_child", url, str(dest), str(os.getpid())],
                           capture_output=True, text=True)
     if proc.returncode == 0:
         return
@@ -192,7 +192,7 @@ class RemoteStoreReader:
         failed on the endpoint (it retried for the whole budget): each queued behind it would spend
         another budget on the same dead endpoint (6 shards, 2 threads: 3 budgets after the job has
         already failed). The reader that needs the shard still downloads it, and meets the error
-        itself; prefetches queued later (the next window) try again."""
+        itself; prefetches queued after the failure (a later window's) try again."""
         if self._endpoint_failed > queued:
             log.debug("prefetch of %s dropped: a prefetch just failed on the endpoint", self.specs[i].url)
             return

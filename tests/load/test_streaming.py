@@ -479,3 +479,20 @@ def test_a_download_whose_process_is_killed_leaves_nothing(store_url, s3_server,
         assert not part.exists(), list(part.iterdir())
     finally:
         proxy.close()
+
+
+def test_a_download_whose_process_died_before_it_started_does_nothing(tmp_path):
+    """The worker may be killed before the download's interpreter has started: the child is then already
+    someone else's, so it is told its parent's pid and checks it before downloading anything."""
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    part = tmp_path / "partial" / "shard-00000.123"
+    part.mkdir(parents=True)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "fastload.store._fetch_child", "s3://nowhere/x/data.mdb",
+                           str(part / "data.mdb"), str(gone.pid)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 4, done.stderr
+    assert not part.exists() and time.monotonic() - t0 < 30

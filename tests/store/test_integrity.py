@@ -282,7 +282,7 @@ def test_local_verify_checks_the_manifest_and_samples_object(sharded, tmp_path, 
     assert re.search(re.escape(f"{store}/") + expected, r.output) and "HINT" in r.output, r.output
 
 
-@pytest.mark.parametrize("where", ["appended", "record"])
+@pytest.mark.parametrize("where", ["appended", "record", "format-1"])
 def test_local_verify_checks_each_shard_file_against_the_manifest(sharded, tmp_path, where):
     """A shard file changed after its manifest was written (bytes appended, which no record read sees, or a
     byte flipped in a record) is named by its file, before a copy in a bucket is refused by every reader's
@@ -305,8 +305,12 @@ def test_local_verify_checks_each_shard_file_against_the_manifest(sharded, tmp_p
         at = data.find(record[100:164])
         assert at > 0
         data[at] ^= 0xFF
-    else:
+    else:  # format 1 (no samples object) is checked too
         data += b"\0" * 4096
+        if where == "format-1":
+            (store / "samples.json.gz").unlink()
+            (store / "manifest.json").write_text(
+                dataclasses.replace(manifest, format_version=1, samples=None).to_json())
     shard.write_bytes(bytes(data))
     r = cli("verify", store, "--quiet", "--workers", "1", "--json")
     assert r.exit_code == 1, r.output
@@ -315,4 +319,4 @@ def test_local_verify_checks_each_shard_file_against_the_manifest(sharded, tmp_p
     assert "the file changed after its manifest was written" in out["shard_problems"][0]["problem"]
     assert bool(out["failures"]) == (where == "record"), out["failures"]
     r = cli("verify", store, "--quiet", "--workers", "1")
-    assert f"{shard}: " in r.output and "1 shard files differ from the manifest" in r.output, r.output
+    assert f"{shard}: " in r.output and "shard files that differ from the manifest: 1" in r.output, r.output
