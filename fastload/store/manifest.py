@@ -29,6 +29,8 @@ Must not: open files or talk to a network (``remote.py`` and ``pack/`` do).
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -168,14 +170,15 @@ class Manifest:
             raise _bad(where, "field 'samples' is not part of format_version 1")
         return cls(version, tuple(shards), tuple(classes), num, options, counts, samples)
 
+    @functools.cached_property
+    def _starts(self) -> list[int]:  # once: locate() runs for every sample a reader reads
+        return [s.start for s in self.shards]
+
     def locate(self, index: int) -> tuple[int, int]:
         """``(shard position, index within that shard)`` of global sample ``index``."""
-        import bisect
-
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} is outside 0..{self.num_samples - 1}")
-        starts = [s.start for s in self.shards]
-        i = bisect.bisect_right(starts, index) - 1
+        i = bisect.bisect_right(self._starts, index) - 1
         while self.shards[i].count == 0:  # empty shards share their start with the next one
             i += 1
         return i, index - self.shards[i].start

@@ -96,6 +96,17 @@ def open_readonly(path: str | os.PathLike[str], *, readahead: bool = False):
         return env
 
 
+def open_resolved(key: str):
+    """``open_readonly`` of a path already resolved with ``os.path.realpath`` (kept by the caller): one
+    dict lookup when this process has the handle, where resolving the path again costs a few ``lstat``
+    calls per read (the remote reader's warm path read ~30 us/sample slower than a local store's
+    because of that)."""
+    hit = _ENVS.get(key)
+    if hit is not None and hit[0] == os.getpid():
+        return hit[1]
+    return open_readonly(key)
+
+
 def release(path: str | os.PathLike[str]) -> None:
     """Close this process's read handle on ``path`` (before writing to it); reopened on next use."""
     with _ENVS_LOCK:

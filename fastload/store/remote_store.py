@@ -34,7 +34,7 @@ from fastload.store import format as fmt
 from fastload.store import remote
 from fastload.store.cache import ShardCache, ShardSpec
 from fastload.store.manifest import MANIFEST_NAME, SAMPLES_NAME, SHARD_FILE, Manifest, parse_samples
-from fastload.store.reader import open_readonly, read_meta, release
+from fastload.store.reader import open_readonly, open_resolved, read_meta, release
 
 __all__ = ["RemoteStoreReader", "default_cache_dir"]
 
@@ -112,7 +112,7 @@ class RemoteStoreReader:
 
     def _reset(self) -> None:
         self._pid = os.getpid()
-        self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (lease, meta)
+        self._open: OrderedDict[int, tuple] = OrderedDict()  # shard -> (lease, meta, resolved path)
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._endpoint_failed = -math.inf  # when a prefetch last failed on the endpoint (monotonic)
@@ -142,7 +142,7 @@ class RemoteStoreReader:
 
     # ---- shards ---------------------------------------------------------------------------
     def _shard(self, i: int):
-        """``(lease, meta)`` of shard ``i`` in this process, downloading it if needed."""
+        """``(lease, meta, resolved path)`` of shard ``i`` in this process, downloading it if needed."""
         if self._pid != os.getpid():
             self._reset()  # inherited through fork: the parent's leases are not ours (cache.py drops them)
         with self._lock:
@@ -151,13 +151,14 @@ class RemoteStoreReader:
                 self._open.move_to_end(i)
                 return hit
             while len(self._open) >= self.open_shards:  # give back the oldest first: it may be evicted
-                _j, (lease, _meta) = self._open.popitem(last=False)
+                _j, (lease, _meta, _key) = self._open.popitem(last=False)
                 release(lease.path)
                 lease.release()
             spec = self.specs[i]
             lease = self.cache.acquire(spec)
             try:
-                meta = read_meta(open_readonly(lease.path), lease.path)
+                env = open_readonly(lease.path)
+                meta = read_meta(env, lease.path)
             except BaseException:
                 release(lease.path)
                 lease.release()
@@ -174,8 +175,9 @@ class RemoteStoreReader:
                 lease.release()
                 raise StoreDamagedError(f"{spec.url}: {problem}.\nHINT: the store was rewritten after its manifest; "
                                         "convert it again.")
-            self._open[i] = (lease, meta)
-            return lease, meta
+            # the path resolved once: open_readonly resolves it on every call (a few lstat per read)
+            self._open[i] = (lease, meta, os.path.realpath(lease.path))
+            return self._open[i]
 
     def prefetch_shards(self, shards: list[int]) -> None:
         """Download these shards in the background (best effort: a reader that needs one waits for it)."""
@@ -207,7 +209,7 @@ class RemoteStoreReader:
         """Give back every shard this process holds (handles closed, leases released)."""
         with self._lock:
             while self._open:
-                _i, (lease, _meta) = self._open.popitem(last=False)
+                _i, (lease, _meta, _key) = self._open.popitem(last=False)
                 release(lease.path)
                 lease.release()
         if self._pool is not None:
@@ -257,9 +259,9 @@ class RemoteStoreReader:
         import lmdb
 
         shard, local = self.locate(index)
-        lease, meta = self._shard(shard)
+        lease, meta, key = self._shard(shard)
         try:
-            with open_readonly(lease.path).begin(buffers=False) as txn:
+            with open_resolved(key).begin(buffers=False) as txn:
                 data = txn.get(fmt.sample_key(local))
         except lmdb.Error as exc:
             raise fmt.damaged(lease.path, f"LMDB failed reading sample {index}: {exc}") from None

@@ -496,3 +496,15 @@ def test_a_download_whose_process_died_before_it_started_does_nothing(tmp_path):
                            str(part / "data.mdb"), str(gone.pid)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 4, done.stderr
     assert not part.exists() and time.monotonic() - t0 < 30
+
+
+def test_two_readers_of_one_store_in_one_process(store_url, local_shards, tmp_path):
+    """Readers in one process share one LMDB handle per shard file: one giving a shard back (which closes
+    the handle) must not break the other's next read of it (each read finds the live handle)."""
+    local = fastload.LMDBImageDataset(local_shards)
+    a = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    b = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    assert a.get_bytes(0) == b.get_bytes(0) == local.get_bytes(0)
+    a._reader.close()  # gives shard 0 back: this process's handle on its file is closed
+    assert b.get_bytes(1) == local.get_bytes(1)
+    assert [b[i][1] for i in range(len(b))] == [local[i][1] for i in range(len(local))]
