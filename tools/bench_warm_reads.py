@@ -9,6 +9,7 @@ third sample with ``dataset[i]`` (decode + ``eval_transform(size=128)``), the pa
 per round. Prints microseconds per sample, median and per round, and warm/local.)
 """
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,6 +64,7 @@ def main(per_class: int = 100, rounds: int = 7) -> None:
                   + f"  median {statistics.median(ratio):.3f}")
     finally:
         server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

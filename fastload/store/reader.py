@@ -99,8 +99,7 @@ def open_readonly(path: str | os.PathLike[str], *, readahead: bool = False):
 def open_resolved(key: str):
     """``open_readonly`` of a path already resolved with ``os.path.realpath`` (kept by the caller): one
     dict lookup when this process has the handle, where resolving the path again costs a few ``lstat``
-    calls per read (the remote reader's warm path read ~30 us/sample slower than a local store's
-    because of that)."""
+    calls per read (~25 us of the remote reader's warm read, tools/bench_warm_reads.py)."""
     hit = _ENVS.get(key)
     if hit is not None and hit[0] == os.getpid():
         return hit[1]
