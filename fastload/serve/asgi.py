@@ -64,7 +64,7 @@ import time
 from typing import Any
 
 from fastload.errors import MissingDependencyError
-from fastload.serve._conn import Lingerer, accept_backlog, raw_response, refuse
+from fastload.serve._conn import Lingerer, drain_backlog, raw_response, refuse
 from fastload.serve.routes import MAX_HEAD_BYTES, MAX_HEADER_LINE, MAX_HEADERS, FrontOptions, Reply, Routes, framing
 
 __all__ = ["AsgiServer", "make_server", "serve_forever", "require"]
@@ -504,14 +504,14 @@ class AsgiServer:
         """Answer 503 to the connections still in the listen backlog, then close the listener at once.
 
         Call after ``shutdown()``. As in ``http.py``: a connection still in the backlog when
-        the listener closes is reset by the kernel, so the close follows the empty backlog
-        at once (under load, clients reconnect within microseconds of their 503).
+        the listener closes is reset by the kernel, so ``drain_backlog`` has the kernel drop
+        new connection requests first (Linux) and the backlog it empties stays empty.
         """
-        n = 0
-        for sock in accept_backlog(self._spare):
+        def answer(sock: socket.socket) -> None:
             if refuse(sock, "the server is shutting down", self.lingerer, self.options.linger_s):
                 self.routes.count(503)
-            n += 1
+
+        n = drain_backlog(self._spare, answer)
         self._spare.close()
         return n
 

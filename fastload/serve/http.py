@@ -55,7 +55,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import ThreadingMixIn
 from typing import Any
 
-from fastload.serve._conn import DeadlineReader, Lingerer, accept_backlog, refuse
+from fastload.serve._conn import DeadlineReader, Lingerer, drain_backlog, refuse
 from fastload.serve.routes import MAX_BODY_BYTES, FrontOptions, Reply, Routes, framing
 
 __all__ = ["FrontOptions", "make_server", "serve_forever", "MAX_BODY_BYTES"]
@@ -345,16 +345,13 @@ class _Server(ThreadingMixIn, HTTPServer):
             return not (self._active or self._open)
 
     def refuse_backlog(self) -> int:
-        """Answer 503 to what is still in the listen backlog, then close the listener at once.
+        """Stop new connections, answer 503 to what is still in the listen backlog, then close the listener.
 
         Call after ``shutdown()``. A connection left in the backlog when the listener closes
-        is reset by the kernel; closing right after the backlog is found empty leaves a
-        window of microseconds for that instead of the whole shutdown.
+        is reset by the kernel: ``drain_backlog`` has the kernel drop new connection requests
+        first (Linux), so the backlog it empties stays empty until the close.
         """
-        n = 0
-        for sock in accept_backlog(self.socket):
-            self.refuse(sock)
-            n += 1
+        n = drain_backlog(self.socket, self.refuse)
         self.socket.close()
         return n
 
