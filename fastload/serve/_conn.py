@@ -4,9 +4,10 @@ Owns: ``DeadlineReader`` (a raw socket reader whose every ``recv`` waits only un
 overall deadline, so a client dribbling a byte a second cannot hold a connection past
 it), ``Lingerer`` (one thread finishing lingering closes, RFC 9112 §9.6), ``raw_response``
 (a complete response written by the accept loop itself), ``refuse`` (a 503 written that
-way, then a lingering close), ``accept_backlog`` (what still waits in a listen backlog) and
-``drain_backlog`` (the kernel stops taking new connections, then the backlog is answered, so
-closing the listener resets nothing a client had connected).
+way, then a lingering close), ``accept_backlog`` (what still waits in a listen backlog),
+``stop_new_connections`` (the kernel stops taking new connections into the backlog) and
+``drain_backlog`` (stop, then answer the backlog, so closing the listener resets no client that
+connected in time).
 
 Must not: parse HTTP or know about batching.
 """
@@ -175,7 +176,7 @@ def stop_new_connections(listener: socket.socket) -> bool:
     if not sys.platform.startswith("linux") or listener.family not in (socket.AF_INET, socket.AF_INET6):
         return False
     code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *ins) for ins in _DROP_SYNS))
-    prog = struct.pack("HL", len(_DROP_SYNS), ctypes.addressof(code))  # struct sock_fprog (the kernel copies it)
+    prog = struct.pack("HP", len(_DROP_SYNS), ctypes.addressof(code))  # struct sock_fprog (the kernel copies it)
     try:
         listener.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, prog)
     except OSError:
@@ -186,16 +187,20 @@ def stop_new_connections(listener: socket.socket) -> bool:
 def drain_backlog(listener: socket.socket, answer, settle_s: float = 0.2) -> int:
     """Stop new connections (``stop_new_connections``), then ``answer(sock)`` every connection in the
     backlog until none has arrived for ``settle_s`` (handshakes begun before the stop complete within a
-    round trip); returns how many. Where new connections cannot be stopped: one pass, as before (the
-    close that follows then leaves a window of microseconds for a reset)."""
+    round trip), for at most ``max(2, 10 * settle_s)`` seconds in all (SYN-cookie handshakes can still
+    complete for minutes); returns how many. A handshake that completes later (a round trip over
+    ``settle_s``, a lost segment) can still be reset by the close. Where new connections cannot be
+    stopped: one pass, as before (the close then leaves a window of microseconds for a reset)."""
     stopped = stop_new_connections(listener)
-    n, quiet_since = 0, time.monotonic()
+    n = 0
+    quiet_since = t0 = time.monotonic()
     while True:
         for sock in accept_backlog(listener):
             answer(sock)
             n += 1
             quiet_since = time.monotonic()
-        if not stopped or time.monotonic() - quiet_since >= settle_s:
+        now = time.monotonic()
+        if not stopped or now - quiet_since >= settle_s or now - t0 >= max(2.0, 10 * settle_s):
             return n
         time.sleep(0.01)
 
