@@ -165,6 +165,11 @@ def _store(loc: RemoteLocation, attempt_s: float | None = None, *, reads: bool =
     return store
 
 
+#: An HTTP 404 named in an error's text. Not any "404": every message holds the URL, whose port or bucket
+#: name may contain those digits (a timeout against port 40412 read as "no such object" and was not retried).
+_STATUS_404 = re.compile(r"\b404 Not Found\b|\bstatus(?: code)?[:= ]+404\b|\bHTTP(?:/[\d.]+)? 404\b", re.IGNORECASE)
+
+
 def _error(loc: RemoteLocation | str, doing: str, exc: BaseException) -> RemoteStoreError:
     """One line naming the URL and the cause, and a HINT for the causes people meet."""
     text = str(exc)
@@ -180,7 +185,7 @@ def _error(loc: RemoteLocation | str, doing: str, exc: BaseException) -> RemoteS
     elif "NoSuchBucket" in text or "ContainerNotFound" in text or "bucket does not exist" in text.lower():
         reason, what = "bucket", f"bucket {bucket!r} does not exist"
         hint = f"create the bucket first, or check the bucket name and the endpoint ({endpoint})"
-    elif isinstance(exc, FileNotFoundError) or "NoSuchKey" in text or "404" in text:
+    elif isinstance(exc, FileNotFoundError) or "NoSuchKey" in text or _STATUS_404.search(text):
         reason, what = "missing", "no such object"
         hint = "check the URL; a store is complete only once its manifest.json exists"
     elif any(w in text.lower() for w in ("connection refused", "error sending request", "dns error", "timed out",

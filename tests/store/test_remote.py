@@ -232,3 +232,16 @@ def test_listing_reports_a_version_that_changes_on_same_size_overwrite(s3_server
     (_, size2, after), = remote.list_objects(f"s3://{fresh_bucket}/v")
     assert size == size2 == 3 and before and before != after
     assert remote.stat(url) == (3, after)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("error sending request for url (http://127.0.0.1:40412/b/store/data.mdb): operation timed out", "endpoint"),
+    ("error sending request for url (http://127.0.0.1:8333/t404-1/x): connection refused", "endpoint"),
+    ("Generic S3 error: Client error with status 404 Not Found: <Error><Code>NoSuchKey</Code></Error>", "missing"),
+    ("Generic S3 error: request failed, status: 404", "missing"),
+], ids=["port-40412", "bucket-t404", "404-not-found", "status-404"])
+def test_a_404_in_the_url_is_not_a_missing_object(text, reason):
+    """Every error message holds the URL: a port or bucket name with the digits 404 in it is not an HTTP 404
+    (a stalled download against port 40412 was called "no such object" and not retried)."""
+    err = remote._error(remote.RemoteLocation.parse("s3://t404-1/x"), "downloading", Exception(text))
+    assert err.reason == reason, str(err)
