@@ -12,7 +12,6 @@ decode images itself (``image.policy.prepare`` does, in the pool), or import tor
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -28,6 +27,7 @@ from fastload.errors import ConvertError, SourceReadError
 from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt
 from fastload.store import remote
+from fastload.store.cache import sha256_file
 from fastload.store.manifest import SHARD_FILE
 
 __all__ = ["ShardSpec", "ShardJob", "ShardResult", "convert_shard", "publish", "published", "describe_published",
@@ -81,14 +81,6 @@ class ShardResult:
     published: bool = True  # False: found already published by an earlier run
     labels: list[int] = field(repr=False, default_factory=list)  # per stored sample, for the samples object
     paths: list[str] = field(repr=False, default_factory=list)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def published(dst: str, name: str) -> bool:
@@ -179,7 +171,7 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
             env.close()
         data = packed / SHARD_FILE
         result = ShardResult(shard.index, shard.name, len(shard.files), header["count"], data.stat().st_size,
-                             _sha256(data), header, labels=[x for c in chunks for x in c.labels],
+                             sha256_file(data), header, labels=[x for c in chunks for x in c.labels],
                              paths=[p for c in chunks for p in c.paths])
         publish(data, job.dst, shard.name)
         return result
@@ -254,7 +246,7 @@ def describe_published(dst: str, name: str, index: int, files: int) -> ShardResu
         with briefly(folder) as env:
             meta = read_meta(env, folder)
         release(folder)
-        return ShardResult(index, name, files, meta.count, data.stat().st_size, _sha256(data), meta.header,
+        return ShardResult(index, name, files, meta.count, data.stat().st_size, sha256_file(data), meta.header,
                            published=False, labels=meta.labels.tolist(), paths=list(meta.paths))
 
 

@@ -396,7 +396,7 @@ class ShardCache:
                 with _STATS.lock:
                     _STATS.download_s += time.perf_counter() - t0
             size = data.stat().st_size if data.exists() else -1
-            digest = _sha256(data) if size == spec.size else ""
+            digest = sha256_file(data) if size == spec.size else ""
             with _STATS.lock:
                 _STATS.downloads += 1
                 _STATS.bytes_downloaded += max(size, 0)
@@ -525,9 +525,10 @@ def _disk_full(exc: BaseException | None) -> bool:
     return False
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes (a shard's, as the manifest records it)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
+        while chunk := f.read(8 << 20):
             h.update(chunk)
     return h.hexdigest()

@@ -425,11 +425,11 @@ def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = Fa
 def _shard_files_against(path: Path, manifest, *, progress: bool) -> list[tuple[str, str]]:
     """``(file, problem)`` for each shard file whose size or sha256 differs from the manifest's. Hashed in
     threads (hashlib releases the GIL on large buffers: a disk, not one core, sets the pace)."""
-    import hashlib
     from concurrent.futures import ThreadPoolExecutor
 
     from tqdm import tqdm
 
+    from fastload.store.cache import sha256_file
     from fastload.store.manifest import SHARD_FILE
     from fastload.system import available_cpus
 
@@ -439,12 +439,9 @@ def _shard_files_against(path: Path, manifest, *, progress: bool) -> list[tuple[
         if size != entry.bytes:
             return str(f), (f"{size:,} bytes, the manifest says {entry.bytes:,}: the file changed after its "
                             "manifest was written (a copy in a bucket would be refused by every reader)")
-        h = hashlib.sha256()
-        with open(f, "rb") as fh:
-            while chunk := fh.read(8 << 20):
-                h.update(chunk)
-        if h.hexdigest() != entry.sha256:
-            return str(f), (f"sha256 {h.hexdigest()[:16]}... differs from the manifest's {entry.sha256[:16]}...: "
+        digest = sha256_file(f)
+        if digest != entry.sha256:
+            return str(f), (f"sha256 {digest[:16]}... differs from the manifest's {entry.sha256[:16]}...: "
                             "the file changed after its manifest was written (a copy in a bucket would be "
                             "refused by every reader)")
         return None
