@@ -12,8 +12,9 @@ import pytest
 
 from fastload.datasets import DatasetSpec, make_dataset
 
-# tests/s3.py: a real S3 server (SeaweedFS) on loopback; tests/cluster.py: a local Ray cluster on loopback
-pytest_plugins = ["s3", "cluster"]
+# tests/s3.py: a real S3 server (SeaweedFS) on loopback; tests/cluster.py: a local Ray cluster on loopback;
+# tests/netns.py: nodes in network namespaces on a bridge, with shaped links
+pytest_plugins = ["s3", "cluster", "netns"]
 
 TINY = DatasetSpec(num_classes=3, per_class=8, min_side=48, max_side=160, png_every=4, seed=7)
 

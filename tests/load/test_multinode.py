@@ -1,0 +1,134 @@
+"""Across real links: nodes in network namespaces on a bridge (tests/netns.py), the bucket in a node of
+its own, each node's link shaped with tc. torchrun across two nodes, and a link cut mid-epoch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from fastload.store.cache import node_downloads
+from remote_helpers import sharded_store
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.slow
+
+
+def _publish(node, bucket, local: Path, url: str) -> dict:
+    """Upload a local sharded store from ``node`` (through its link); the manifest as JSON."""
+    node.run([sys.executable, "-c", "import sys, pathlib; from remote_helpers import publish; publish(pathlib.Path(sys.argv[1]), sys.argv[2])",
+              local, url], env=bucket.env)
+    return json.loads(node.run([sys.executable, "-c", "import sys; from fastload.store import remote; "
+                                "print(remote.get_bytes(remote.RemoteLocation.parse(sys.argv[1]).child('manifest.json'))"
+                                ".decode())", url], env=bucket.env).stdout)
+
+
+def _shard_of(manifest: dict):
+    spans = [(s["start"], s["start"] + s["count"], s["name"]) for s in manifest["shards"]]
+    return lambda i: next(name for a, b, name in spans if a <= i < b)
+
+
+def _torchrun_env(bucket) -> dict[str, str]:
+    # gloo and torchrun pick an interface from the host name, which every namespace shares: name the link
+    return dict(bucket.env, GLOO_SOCKET_IFNAME="eth0", TP_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+
+
+def _torchrun_two_nodes(cluster, bucket, url, limit, mode, *, cache="cache"):
+    """tests/load/ddp_remote_check.py on 2 nodes x 2 ranks (rendezvous on node a), each node its own cache."""
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    port = 29400 + (hash(cluster.tag) % 500)
+    procs = {}
+    for node in (a, b):
+        (node.root / "out").mkdir(exist_ok=True)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={a.address}:{port}", f"--local-addr={node.address}",
+               # torchrun takes the host of the rendezvous to be the node whose host name resolves to its
+               # address: namespaces share one host name, so say which node hosts it
+               f"--rdzv-conf=is_host={int(node is a)}", f"--rdzv-id={mode}",
+               HERE / "ddp_remote_check.py", url, node.root / cache, node.root / "out", limit, mode, 0, 1]
+        procs[node.name] = node.popen(cmd, env=_torchrun_env(bucket), log=node.root / f"torchrun-{mode}.log")
+    for name, proc in procs.items():
+        assert proc.wait(timeout=300) == 0, f"node {name}: {proc.log.read_text()[-4000:]}"
+
+
+def _records(a, b, mode="full") -> dict:
+    """global rank -> (node, the record that rank wrote)"""
+    records = {}
+    for node in (a, b):
+        for path in (node.root / "out").glob(f"{mode}*.json"):
+            records[int(path.stem[len(mode):])] = (node, json.loads(path.read_text()))
+    return records
+
+
+def test_the_cluster_fixture_gives_nodes_their_own_links(netns_cluster):
+    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+    a.shape(100)
+    server = b.popen([sys.executable, "-c", "import socket; s = socket.create_server(('0.0.0.0', 9000)); "
+                      "c, _ = s.accept(); n = 0\nwhile (d := c.recv(65536)): n += len(d)\nprint(n, flush=True)"])
+    before = a.link_bytes()
+    a.run([sys.executable, "-c", "import socket, time\nfor _ in range(100):  # until b listens\n"
+           f"    try: c = socket.create_connection(('{b.address}', 9000)); break\n"
+           "    except ConnectionRefusedError: time.sleep(0.1)\nc.sendall(b'x' * 2_000_000); c.close()"])
+    server.wait(timeout=30)
+    assert server.log.read_text().split()[-1] == "2000000"
+    assert a.link_bytes()[1] - before[1] >= 2_000_000  # it crossed a's link, not a loopback
+    qdisc = a.run(["tc", "qdisc", "show", "dev", "eth0"]).stdout
+    assert "tbf" in qdisc and "100Mbit" in qdisc
+    # the node's namespace sees its own link and loopback only: not the test process's network
+    assert {line.split(":")[1].strip().split("@")[0] for line in a.run(["ip", "-o", "link"]).stdout.splitlines()} \
+        == {"lo", "eth0"}
+    a.cut()
+    refused = a.run([sys.executable, "-c", f"import socket; socket.create_connection(('{b.address}', 9000), "
+                     "timeout=2)"], check=False)
+    assert refused.returncode != 0
+    a.restore()
+
+
+def test_torchrun_across_two_nodes_one_download_per_shard_per_node(netns_cluster, tiny_tree, tmp_path):
+    bucket = netns_cluster.bucket()
+    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+    for node in (a, b):
+        node.shape(200)
+    local = sharded_store(tiny_tree, tmp_path / "store", 6)
+    bucket.make_bucket("train")
+    url = "s3://train/tiny/"
+    man = _publish(a, bucket, local, url)
+    shard_of = _shard_of(man)
+    n = man["num_samples"]
+    total = sum(s["bytes"] for s in man["shards"])
+
+    received = {node.name: node.link_bytes()[0] for node in (a, b)}
+    _torchrun_two_nodes(netns_cluster, bucket, url, total, "full")
+    records = _records(a, b)
+    assert sorted(records) == [0, 1, 2, 3]
+    nodes_of = {node.name for node, _ in records.values()}
+    assert nodes_of == {"a", "b"}
+    for epoch in range(2):
+        parts = [set(rec["epochs"][epoch]) for _, rec in records.values()]
+        lengths = {len(rec["epochs"][epoch]) for _, rec in records.values()}
+        assert len(lengths) == 1  # equal batch counts on every rank
+        assert sum(map(len, parts)) == len(set().union(*parts)) == n  # disjoint and covering
+    for node in (a, b):
+        shards = [d["shard"] for d in node_downloads(node.root / "cache")]
+        assert len(shards) == len(set(shards)), f"node {node.name} downloaded a shard twice: {shards}"
+        mine = [rec for nd, rec in records.values() if nd is node]
+        read = [{shard_of(i) for rec in mine for i in rec["epochs"][e]} for e in range(2)]
+        assert set(shards) == read[0] | read[1]  # every shard its ranks read, once, and nothing else
+        assert mine[0]["downloads"] == [len(read[0]), len(read[1] - read[0])]  # the warm part of epoch 1: none
+        size = {e["name"]: e["bytes"] for e in man["shards"]}
+        assert node.link_bytes()[0] - received[node.name] >= sum(size[s] for s in shards)  # through its own link
+
+    # each node's cache below the store's size, one epoch: still one download per shard per node, never over
+    limit = total - min(s["bytes"] for s in man["shards"])
+    for node in (a, b):
+        shutil.rmtree(node.root / "out")
+    _torchrun_two_nodes(netns_cluster, bucket, url, limit, "one", cache="cache-small")
+    records = _records(a, b, "one")
+    for node in (a, b):
+        shards = [d["shard"] for d in node_downloads(node.root / "cache-small")]
+        mine = [rec for nd, rec in records.values() if nd is node]
+        assert sorted(shards) == sorted({shard_of(i) for rec in mine for i in rec["epochs"][0]})
+        assert max(rec["usage_max"] for rec in mine) <= limit
