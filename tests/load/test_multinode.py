@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,65 @@ def test_torchrun_across_two_nodes_one_download_per_shard_per_node(netns_cluster
         mine = [rec for nd, rec in records.values() if nd is node]
         assert sorted(shards) == sorted({shard_of(i) for rec in mine for i in rec["epochs"][0]})
         assert max(rec["usage_max"] for rec in mine) <= limit
+
+
+def _read_with_link_change(node, bucket, url, change, *, env=None) -> dict:
+    """tests/load/netns_read_check.py on ``node``: ``change()`` runs after its first batch, then it reads on."""
+    out = node.root / "out-read"
+    out.mkdir()
+    proc = node.popen([sys.executable, HERE / "netns_read_check.py", url, node.root / "cache", out],
+                      env=dict(bucket.env, **(env or {})), log=node.root / "read.log")
+    deadline = time.monotonic() + 120
+    while not (out / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.log.read_text()[-3000:]
+        time.sleep(0.05)
+    change(out / "go")
+    assert proc.wait(timeout=180) == 0, proc.log.read_text()[-3000:]
+    return json.loads((out / "result.json").read_text())
+
+
+def _store_in_bucket(netns_cluster, tiny_tree, tmp_path, node, shards=8):
+    bucket = netns_cluster.bucket()
+    local = sharded_store(tiny_tree, tmp_path / "store", shards)
+    bucket.make_bucket("train")
+    man = _publish(node, bucket, local, "s3://train/tiny/")
+    return bucket, "s3://train/tiny/", man
+
+
+def test_a_link_cut_for_10_s_mid_epoch_is_ridden_out(netns_cluster, tiny_tree, tmp_path):
+    a = netns_cluster.node("a")
+    a.shape(100)
+    bucket, url, man = _store_in_bucket(netns_cluster, tiny_tree, tmp_path, a)
+
+    def cut_for_10_s(go):
+        a.cut()
+        go.touch()  # the reader goes on while the cable is out
+        time.sleep(10)
+        a.restore()
+
+    result = _read_with_link_change(a, bucket, url, cut_for_10_s)
+    assert "error" not in result, result
+    assert result["seen"] == man["num_samples"]
+    assert result["downloads_after"] == len(man["shards"])
+    assert result["downloads_after"] > result["downloads_before"]  # shards were fetched across the outage
+
+
+def test_a_link_cut_past_the_budget_is_a_named_error_and_leaves_nothing_partial(netns_cluster, tiny_tree,
+                                                                                tmp_path):
+    a = netns_cluster.node("a")
+    a.shape(100)
+    bucket, url, man = _store_in_bucket(netns_cluster, tiny_tree, tmp_path, a)
+    budget = 5
+
+    def cut(go):
+        a.cut()
+        go.touch()
+
+    result = _read_with_link_change(a, bucket, url, cut, env={"FASTLOAD_REMOTE_RETRY_S": str(budget)})
+    error = result["error"]
+    assert error["type"] == "RemoteStoreError", error
+    assert "s3://train/tiny/" in error["text"], error
+    # within the budget and the stall limit of a request in flight, plus a few seconds; not a hang
+    assert error["after_go_s"] < budget + 10 + 10, error
+    partial = [p for p in (a.root / "cache").rglob("*") if ".partial" in p.parts and p.is_file()]
+    assert not partial, partial
