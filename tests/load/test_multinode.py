@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -195,3 +196,68 @@ def test_a_link_cut_past_the_budget_is_a_named_error_and_leaves_nothing_partial(
     assert error["after_go_s"] < budget + 10 + 10, error
     partial = [p for p in (a.root / "cache").rglob("*") if ".partial" in p.parts and p.is_file()]
     assert not partial, partial
+
+
+def _ray_cluster_on(head, workers, bucket) -> dict[str, dict[str, str]]:
+    """A Ray head on ``head`` and one worker per node of ``workers``, token authentication on: the token
+    made on the head (``ray get-auth-token --generate``) is copied into each node's own home, as a user
+    distributes it. Each node gets one CPU and a short temp folder of its own. The environment of each."""
+    ray = str(Path(sys.executable).with_name("ray"))
+    envs = {}
+    for node in (head, *workers):
+        (node.root / "home" / ".ray").mkdir(parents=True)
+        temp = tempfile.mkdtemp(prefix=f"flray{node.name}")  # Ray's socket paths must stay short
+        node.cluster_temp = temp
+        envs[node.name] = dict(bucket.env, HOME=str(node.root / "home"), RAY_AUTH_MODE="token")
+    head.run([ray, "get-auth-token", "--generate"], env=envs[head.name])
+    token = head.root / "home" / ".ray" / "auth_token"
+    head.run([ray, "start", "--head", f"--node-ip-address={head.address}", "--port=6379", "--num-cpus=1",
+              "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={head.cluster_temp}"],
+             env=envs[head.name], timeout=180)
+    for node in workers:
+        shutil.copy(token, node.root / "home" / ".ray" / "auth_token")
+        node.run([ray, "start", f"--address={head.address}:6379", f"--node-ip-address={node.address}",
+                  "--num-cpus=1", "--disable-usage-stats"], env=envs[node.name], timeout=180)
+    return envs
+
+
+def _manifest_shards(node, bucket, url) -> list[tuple[str, int, int, str]]:
+    man = json.loads(node.run([sys.executable, "-c", "import sys; from fastload.store import remote; "
+                               "print(remote.get_bytes(remote.RemoteLocation.parse(sys.argv[1]).child('manifest.json'))"
+                               ".decode())", url], env=bucket.env).stdout)
+    return [(s["name"], s["start"], s["count"], s["sha256"]) for s in man["shards"]]
+
+
+def test_ray_conversion_across_two_nodes_with_token_auth(netns_cluster, tiny_tree):
+    bucket = netns_cluster.bucket()
+    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+    for node in (a, b):
+        node.shape(200)
+    for name in ("src", "dst"):
+        bucket.make_bucket(name)
+    # the sources live in the bucket: no node sees the driver's files
+    a.run([sys.executable, "-c", "import sys, pathlib; from fastload.store import remote\n"
+           "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
+           "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
+           "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
+    envs = _ray_cluster_on(a, [b], bucket)
+    fastload = str(Path(sys.executable).with_name("fastload"))
+    sent = {node.name: node.link_bytes()[1] for node in (a, b)}
+    ray_run = a.run([fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray",
+                     "--address", f"{a.address}:6379", "--num-shards", "8"], env=envs["a"], timeout=600)
+    uploaded = {node.name: node.link_bytes()[1] - sent[node.name] for node in (a, b)}
+    a.run([fastload, "convert", "s3://src/tree/", "s3://dst/local/", "--num-shards", "8"], env=bucket.env)
+    ray_shards = _manifest_shards(a, bucket, "s3://dst/ray/")
+    assert ray_shards == _manifest_shards(a, bucket, "s3://dst/local/")  # byte-identical shards (sha256)
+    assert "stored 24 of 24" in ray_run.stdout
+    # tasks ran on both nodes: each node's link carried shards up to the bucket (the worker node has no
+    # other reason to send bulk data; the smallest shard is a lower bound of one task's upload)
+    smallest = min(_shard_sizes(a, bucket, "s3://dst/ray/"))
+    assert uploaded["b"] >= smallest and uploaded["a"] >= smallest, uploaded
+
+
+def _shard_sizes(node, bucket, url) -> list[int]:
+    return [int(x) for x in node.run([sys.executable, "-c", "import sys, json; from fastload.store import remote; "
+                                      "m = json.loads(remote.get_bytes(remote.RemoteLocation.parse(sys.argv[1])"
+                                      ".child('manifest.json'))); print(*[s['bytes'] for s in m['shards']])", url],
+                                     env=bucket.env).stdout.split()]
