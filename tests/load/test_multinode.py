@@ -261,3 +261,31 @@ def _shard_sizes(node, bucket, url) -> list[int]:
                                       "m = json.loads(remote.get_bytes(remote.RemoteLocation.parse(sys.argv[1])"
                                       ".child('manifest.json'))); print(*[s['bytes'] for s in m['shards']])", url],
                                      env=bucket.env).stdout.split()]
+
+
+def test_ray_worker_node_killed_mid_conversion_is_survived(netns_cluster, tiny_tree):
+    bucket = netns_cluster.bucket()
+    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+    for node in (a, b):
+        node.shape(20)  # slow uploads: the conversion is still running when b dies
+    for name in ("src", "dst"):
+        bucket.make_bucket(name)
+    a.run([sys.executable, "-c", "import sys, pathlib; from fastload.store import remote\n"
+           "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
+           "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
+           "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
+    envs = _ray_cluster_on(a, [b], bucket)
+    fastload = str(Path(sys.executable).with_name("fastload"))
+    sent = b.link_bytes()[1]
+    driver = a.popen([fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray",
+                      "--address", f"{a.address}:6379", "--num-shards", "8"], env=envs["a"],
+                     log=a.root / "convert.log")
+    deadline = time.monotonic() + 120
+    while b.link_bytes()[1] - sent < 20_000:  # b has started sending a shard up: a task of its is running
+        assert driver.poll() is None and time.monotonic() < deadline, (a.root / "convert.log").read_text()[-3000:]
+        time.sleep(0.05)
+    b.kill()  # every process of the node, raylet and its workers included
+    assert driver.wait(timeout=300) == 0, (a.root / "convert.log").read_text()[-3000:]
+    assert "stored 24 of 24" in (a.root / "convert.log").read_text()
+    a.run([fastload, "convert", "s3://src/tree/", "s3://dst/local/", "--num-shards", "8"], env=bucket.env)
+    assert _manifest_shards(a, bucket, "s3://dst/ray/") == _manifest_shards(a, bucket, "s3://dst/local/")
