@@ -185,10 +185,17 @@ def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: st
     for reason, n in reencoded.items():
         click.echo(f"{indent}re-encoded {n}: {reason}")
     if lossy.get("count"):
-        median = lossy["psnr_median"]
-        median = f"{median:.1f}" if isinstance(median, (int, float)) else "/".join(f"{m:.1f}" for m in median if m)
-        click.echo(f"{indent}lossy writes {lossy['count']}: PSNR min {lossy['psnr_min']:.1f} dB, median {median} dB "
-                   "(against the pixels encoded)")
+        # a sharded store of an older fastload has no median of all its writes (and older manifests no key)
+        median = lossy.get("psnr_median")
+        if isinstance(median, list):
+            median = "/".join(f"{m:.1f}" for m in median if m is not None) or None
+        elif median is not None:
+            median = f"{median:.1f}"
+        least = lossy.get("psnr_min")
+        click.echo(f"{indent}lossy writes {lossy['count']}: PSNR "
+                   + ", ".join(x for x in (f"min {least:.1f} dB" if least is not None else "",
+                                           f"median {median} dB" if median is not None else "") if x)
+                   + " (against the pixels encoded)")
 
 
 @click.command()

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import IncompleteStoreError
+from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME
 from fastload.store.reader import StoreReader, load_store_metas
 
@@ -68,9 +69,6 @@ def inspect_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[
         for key in total:
             for k, v in m.header.get(key, {}).items():  # "reencoded" is absent from stores of fastload 0.1
                 total[key][k] = total[key].get(k, 0) + v
-    lossy = [m.header.get("lossy") or {} for m in metas]
-    lossy_count = sum(x.get("count", 0) for x in lossy)
-    mins = [x["psnr_min"] for x in lossy if x.get("psnr_min") is not None]
     count = int(len(labels))
     nbytes = int(sum(m.header["bytes"] for m in metas))
     return {
@@ -87,10 +85,8 @@ def inspect_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[
         "options": metas[0].header["options"] if len(metas) == 1 else
         [m.header["options"] for m in metas],
         **total,
-        # the fidelity of the records fastload encoded lossily (median: of one store, or of each shard)
-        "lossy": {"count": lossy_count, "psnr_min": min(mins) if mins else None,
-                  "psnr_median": [x.get("psnr_median") for x in lossy] if len(lossy) > 1
-                  else lossy[0].get("psnr_median")},
+        # the fidelity of the records fastload encoded lossily, over every shard (median: of all their writes)
+        "lossy": {k: v for k, v in fmt.lossy_summary(headers=[m.header for m in metas]).items() if k != "psnr_hist"},
     }
 
 
