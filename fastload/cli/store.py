@@ -78,7 +78,7 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
     load faster.
 
     SRC and DST may be s3://BUCKET/PREFIX (also gs://, az://; credentials and endpoint from the
-    standard environment variables); SRC may also be a folder or prefix of WebDataset .tar shards
+    standard environment variables; any other SCHEME://, or one without a bucket, is refused); SRC may also be a folder or prefix of WebDataset .tar shards
     or of Parquet files (Hugging Face layout). With --engine, or such a SRC or DST, DST is a
     sharded store written shard by shard (on Ray with --engine ray) and its manifest.json last.
     """
@@ -89,6 +89,7 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
     if lossless and (max_side is not None or quality is not None):
         raise click.BadParameter("cannot be combined with --max-side or --quality, which re-encode as lossy JPEG "
                                  "(for exact downscaled pixels: --max-side N --encoding raw)", param_hint="--lossless")
+    is_remote(dst)  # a string that looks like a URL but is not a supported one is refused before anything is written
     if not is_remote(src) and not Path(src).exists():
         raise click.BadParameter(f"{src} does not exist", param_hint="SRC")
     sharded = engine is not None or is_remote(src) or is_remote(dst) or shard_size is not None or _container(src)
