@@ -64,7 +64,8 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
 @click.option("--follow-symlinks", is_flag=True,
               help="Read symbolic links that point outside SRC (by default they are skipped and reported).")
 @click.option("--num-classes", type=click.IntRange(min=1), default=None,
-              help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
+              help="File lists, WebDataset .cls and Parquet with integer labels: the number of classes (labels must "
+                   "be 0..N-1; without it, a label far above the count of distinct labels is refused).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
 def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
