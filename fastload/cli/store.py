@@ -218,7 +218,8 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
     shard file's size and sha256, and samples.json.gz, as in a bucket.
 
     STORE may be s3://... (gs://, az://): every shard object is checked against the manifest
-    (exists, size, sha256), and each missing or corrupted one is named."""
+    (exists, size, sha256), and each missing or corrupted one is named; then each shard's own class
+    names, labels and paths against the manifest's class names and samples.json.gz."""
     from fastload.store.check import DECODERS, report_json, verify_remote_shards, verify_store
     from fastload.store.remote import is_remote
 
