@@ -79,8 +79,9 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
     load faster.
 
     SRC and DST may be s3://BUCKET/PREFIX (also gs://, az://; credentials and endpoint from the
-    standard environment variables; any other SCHEME://, or one without a bucket, is refused); SRC may also be a folder or prefix of WebDataset .tar shards
-    or of Parquet files (Hugging Face layout). With --engine, or such a SRC or DST, DST is a
+    standard environment variables; any other SCHEME://, or one without a bucket, is refused);
+    SRC may also be a folder or prefix of WebDataset .tar shards or of Parquet files (Hugging
+    Face layout). With --engine, or such a SRC or DST, DST is a
     sharded store written shard by shard (on Ray with --engine ray) and its manifest.json last.
     """
     from fastload.pack.convert import ConvertOptions

@@ -448,9 +448,9 @@ def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = Fa
     obj = path / SAMPLES_NAME  # checked first: a small object, where hashing every shard reads the store
     labels, paths = parse_samples(obj.read_bytes() if obj.is_file() else None, manifest, where=str(obj))
     if list(manifest.classes) != list(reader.classes):
+        first = next((f"{a!r} vs {b!r}" for a, b in zip(manifest.classes, reader.classes) if a != b), "the count")
         raise ManifestError(f"{where}: its class names are not the shards' ({len(manifest.classes)} vs "
-                            f"{len(reader.classes)} classes, first difference: "
-                            f"{next((f'{a!r} vs {b!r}' for a, b in zip(manifest.classes, reader.classes) if a != b), 'the count')}"
+                            f"{len(reader.classes)} classes, first difference: {first}"
                             "): a copy in a bucket would hand every label out with the wrong name.\nHINT: the "
                             "manifest was edited or comes from another conversion; convert the source again "
                             "into a new DST.")

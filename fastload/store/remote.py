@@ -143,7 +143,8 @@ class RemoteLocation:
             if seen is None:
                 why = "not of the form scheme://BUCKET/PREFIX"
             elif seen.group("scheme").lower() in SCHEMES and seen.group("scheme") not in SCHEMES:
-                why = f"the scheme {seen.group('scheme')}:// is written in lower case ({seen.group('scheme').lower()}://)"
+                scheme = seen.group("scheme")
+                why = f"the scheme {scheme}:// is written in lower case ({scheme.lower()}://)"
             elif seen.group("scheme") in SCHEMES:
                 why = "no bucket after " + seen.group("scheme") + "://"
             else:
@@ -151,8 +152,8 @@ class RemoteLocation:
             raise RemoteStoreError(
                 f"{text}: not an object-store URL ({why}); it is not read or written as a local path "
                 "either.\nHINT: use "
-                f"{', '.join(sch + '://BUCKET/PREFIX' for sch in SCHEMES[::2])} (supported schemes: {_SUPPORTED}), or a "
-                "local path without '://' (e.g. ./data)", url=text, reason="other")
+                f"{', '.join(sch + '://BUCKET/PREFIX' for sch in SCHEMES[::2])} (supported schemes: "
+                f"{_SUPPORTED}), or a local path without '://' (e.g. ./data)", url=text, reason="other")
         return cls(m.group("scheme"), m.group("bucket"), m.group("prefix").strip("/"))
 
     def child(self, name: str) -> RemoteLocation:

@@ -47,7 +47,7 @@ def mixed_tree(tmp_path_factory) -> Path:
         d.mkdir(parents=True)
         files = {
             "00.jpg": jpeg_bytes(photo(64, 48, seed=10 * c)),
-            f"01-png-named.jpg": png_bytes(photo(50 + 7 * c, 40, seed=10 * c + 1)),
+            "01-png-named.jpg": png_bytes(photo(50 + 7 * c, 40, seed=10 * c + 1)),
             "02.jpg": jpeg_bytes(photo(48, 64, seed=10 * c + 2)),
             "03-cmyk.jpg": special["cmyk.jpg"],
             "04-broken.jpg": bad[("truncated.jpg", "notimage.jpg", "empty.jpg")[c]],
