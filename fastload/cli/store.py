@@ -64,7 +64,8 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
 @click.option("--follow-symlinks", is_flag=True,
               help="Read symbolic links that point outside SRC (by default they are skipped and reported).")
 @click.option("--num-classes", type=click.IntRange(min=1), default=None,
-              help="File lists with integer labels: the number of classes (labels must be 0..N-1).")
+              help="File lists, WebDataset .cls and Parquet with integer labels: the number of classes (labels must "
+                   "be 0..N-1; without it, a label far above the count of distinct labels is refused).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar.")
 @friendly
 def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_size, shuffle, seed, num_shards,
@@ -78,8 +79,9 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
     load faster.
 
     SRC and DST may be s3://BUCKET/PREFIX (also gs://, az://; credentials and endpoint from the
-    standard environment variables); SRC may also be a folder or prefix of WebDataset .tar shards
-    or of Parquet files (Hugging Face layout). With --engine, or such a SRC or DST, DST is a
+    standard environment variables; any other SCHEME://, or one without a bucket, is refused);
+    SRC may also be a folder or prefix of WebDataset .tar shards or of Parquet files (Hugging
+    Face layout). With --engine, or such a SRC or DST, DST is a
     sharded store written shard by shard (on Ray with --engine ray) and its manifest.json last.
     """
     from fastload.pack.convert import ConvertOptions
@@ -89,6 +91,7 @@ def convert(src: str, dst: str, max_side, quality, encoding, lossless, train_siz
     if lossless and (max_side is not None or quality is not None):
         raise click.BadParameter("cannot be combined with --max-side or --quality, which re-encode as lossy JPEG "
                                  "(for exact downscaled pixels: --max-side N --encoding raw)", param_hint="--lossless")
+    is_remote(dst)  # a string that looks like a URL but is not a supported one is refused before anything is written
     if not is_remote(src) and not Path(src).exists():
         raise click.BadParameter(f"{src} does not exist", param_hint="SRC")
     sharded = engine is not None or is_remote(src) or is_remote(dst) or shard_size is not None or _container(src)
@@ -185,10 +188,17 @@ def _print_reasons(canonicalised: dict, reencoded: dict, lossy: dict, indent: st
     for reason, n in reencoded.items():
         click.echo(f"{indent}re-encoded {n}: {reason}")
     if lossy.get("count"):
-        median = lossy["psnr_median"]
-        median = f"{median:.1f}" if isinstance(median, (int, float)) else "/".join(f"{m:.1f}" for m in median if m)
-        click.echo(f"{indent}lossy writes {lossy['count']}: PSNR min {lossy['psnr_min']:.1f} dB, median {median} dB "
-                   "(against the pixels encoded)")
+        # a sharded store of an older fastload has no median of all its writes (and older manifests no key)
+        median = lossy.get("psnr_median")
+        if isinstance(median, list):
+            median = "/".join(f"{m:.1f}" for m in median if m is not None) or None
+        elif median is not None:
+            median = f"{median:.1f}"
+        least = lossy.get("psnr_min")
+        click.echo(f"{indent}lossy writes {lossy['count']}: PSNR "
+                   + ", ".join(x for x in (f"min {least:.1f} dB" if least is not None else "",
+                                           f"median {median} dB" if median is not None else "") if x)
+                   + " (against the pixels encoded)")
 
 
 @click.command()
@@ -209,7 +219,8 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
     shard file's size and sha256, and samples.json.gz, as in a bucket.
 
     STORE may be s3://... (gs://, az://): every shard object is checked against the manifest
-    (exists, size, sha256), and each missing or corrupted one is named."""
+    (exists, size, sha256), and each missing or corrupted one is named; then each shard's own class
+    names, labels and paths against the manifest's class names and samples.json.gz."""
     from fastload.store.check import DECODERS, report_json, verify_remote_shards, verify_store
     from fastload.store.remote import is_remote
 

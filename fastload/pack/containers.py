@@ -15,6 +15,10 @@ bytes (``read_member``), locally or in object storage (``store.remote``).
   ``<file name>/<row>`` (with the struct's ``path`` when set). Location:
   ``row:<row group>:<row in group>:<file path or URL>``; a worker keeps the last row group read.
 
+Integer labels (``.cls``, the ``label`` column without ``ClassLabel`` names covering them) make classes
+by the file lists' rule (``sources.class_count``): a label far outside the labels seen is refused,
+naming its member or row, instead of a list of billions of class names.
+
 Listing reads no image bytes: a tar's 512-byte headers (in 1 KB ranges of a remote object, member
 bodies skipped) and its ``.cls`` labels; a Parquet file's footer and its ``label`` and
 ``image.path`` columns (a row's size, for planning shards, is its row group's average from the footer).
@@ -33,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastload.errors import SourceError
-from fastload.pack.sources import IMG_EXTENSIONS, Source
+from fastload.pack.sources import IMG_EXTENSIONS, Source, class_count
 from fastload.store import remote
 
 __all__ = ["ContainerSource", "container_source", "is_container_source", "read_member"]
@@ -161,11 +165,23 @@ def _open_listing(location: str, size: int, block: int):
     return _RangedFile(location, size, block) if remote.is_remote(location) else open(location, "rb")
 
 
-def _webdataset(path: str) -> ContainerSource:
+def _integer_classes(labels: list[int], where: list[str], num_classes: int | None) -> list[str]:
+    """``"0" .. "N-1"`` for integer labels (the file lists' rule, ``sources.class_count``); a label far
+    outside the labels seen (``2000000000``: a list of billions of class names) is refused, naming its member."""
+    limit, why = class_count(labels, num_classes)
+    bad = next((i for i, v in enumerate(labels) if v >= limit), None)
+    if bad is not None:
+        raise SourceError(f"{where[bad]} holds label {labels[bad]}, outside 0..{limit - 1} ({why}).\nHINT: fix the "
+                          "label, or give --num-classes N if the dataset really has that many classes.")
+    return [str(i) for i in range(limit)]
+
+
+def _webdataset(path: str, num_classes: int | None = None) -> ContainerSource:
     tars = _containers(path, ".tar")
     if not tars:
         raise SourceError(f"{path}: no .tar files.\nHINT: a WebDataset source is a folder (or prefix) of tar shards.")
     items: list[tuple[str, int]] = []
+    where: list[str] = []
     locations: dict[str, str] = {}
     sizes: dict[str, int] = {}
     for tar, tar_size, _ in tars:
@@ -202,11 +218,12 @@ def _webdataset(path: str) -> ContainerSource:
             if label < 0:
                 raise SourceError(f"{tar}: {key}.cls holds a negative label {label}")
             items.append((rel, label))
+            where.append(f"{tar}: member {key}.cls")
             locations[rel] = f"member:{m.offset_data}:{m.size}:{tar}"
             sizes[rel] = m.size
     if not items:
         raise SourceError(f"{path}: the tar shards hold no image members with a .cls label.")
-    classes = [str(i) for i in range(max(label for _, label in items) + 1)]
+    classes = _integer_classes([label for _, label in items], where, num_classes)
     return ContainerSource("webdataset", path, path, classes, items, [], locations, sizes, tuple(tars))  # type: ignore[arg-type]
 
 
@@ -222,7 +239,7 @@ def _class_names(schema) -> list[str] | None:
         return None
 
 
-def _parquet(path: str) -> ContainerSource:
+def _parquet(path: str, num_classes: int | None = None) -> ContainerSource:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -234,6 +251,7 @@ def _parquet(path: str) -> ContainerSource:
     if not files:
         raise SourceError(f"{path}: no .parquet files.")
     items: list[tuple[str, int]] = []
+    where: list[str] = []
     locations: dict[str, str] = {}
     sizes: dict[str, int] = {}
     names: list[str] | None = None
@@ -269,21 +287,27 @@ def _parquet(path: str) -> ContainerSource:
                     if not isinstance(label, int) or label < 0:
                         raise SourceError(f"{loc}: row {row} has label {label!r}; labels must be integers >= 0.")
                     items.append((rel, label))
+                    where.append(f"{loc}: row {row} ({_LABEL_COLUMN!r} column)")
                     locations[rel] = f"row:{rg}:{j}:{loc}"
                     sizes[rel] = per_row
                     row += 1
     if not items:
         raise SourceError(f"{path}: the Parquet files hold no rows.")
     top = max(label for _, label in items)
-    classes = names if names and len(names) > top else [str(i) for i in range(top + 1)]
+    if names and len(names) > top and num_classes in (None, len(names)):
+        classes = names
+    else:
+        classes = _integer_classes([label for _, label in items], where, num_classes)
     return ContainerSource("parquet", path, path, classes, items, [], locations, sizes, tuple(files))  # type: ignore[arg-type]
 
 
-def container_source(path: str | os.PathLike[str]) -> ContainerSource:
-    """List a WebDataset or Parquet source (a file, a folder or a prefix of them)."""
+def container_source(path: str | os.PathLike[str], *, num_classes: int | None = None) -> ContainerSource:
+    """List a WebDataset or Parquet source (a file, a folder or a prefix of them). Integer labels follow
+    the file lists' rule (``sources.class_count``): ``num_classes`` when given, and a label far outside the
+    labels seen is an error naming its member or row."""
     kind = is_container_source(str(path))
     text = str(path).rstrip("/") if remote.is_remote(str(path)) else str(Path(path).resolve())
-    return _webdataset(text) if kind == "webdataset" else _parquet(text)
+    return _webdataset(text, num_classes) if kind == "webdataset" else _parquet(text, num_classes)
 
 
 _ROW_GROUP: dict[str, object] = {}

@@ -29,6 +29,7 @@ from fastload._pool import imap_isolated
 from fastload.pack.sources import Source, open_source
 from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt
+from fastload.store import remote
 from fastload.store.writer import StoreWriter
 
 __all__ = ["ConvertOptions", "ConvertReport", "convert", "REPORT_NAME"]
@@ -262,6 +263,11 @@ def convert(source: str | os.PathLike[str], dst: str | os.PathLike[str],
             ``strict``, a file was unreadable.
     """
     t0 = time.perf_counter()
+    for what, p in (("source", source), ("dst", dst)):  # an unsupported URL raises here, naming the schemes
+        if remote.is_remote(str(p)):
+            raise ConvertError(f"{p}: convert() writes one local store; a {what} in object storage is converted "
+                               "shard by shard.\nHINT: use pack.engines.convert_sharded (the CLI does so for an "
+                               "s3:// gs:// az:// SRC or DST).")
     path = _store_dir(Path(dst), options)
     # a destination inside the source tree must not be scanned as a class (and rescanned on resume)
     src = open_source(source, exclude=(Path(dst),), num_classes=options.num_classes)

@@ -355,8 +355,6 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
     skipped: list[dict[str, str]] = []
     salvaged: list[dict[str, str]] = []
     decoder_warnings: list[dict[str, Any]] = []
-    psnr_count = 0
-    psnr_min: list[float] = []
     for r in results:
         entries.append(ShardEntry(r.name, start, r.stored, r.bytes, r.sha256))
         start += r.stored
@@ -366,15 +364,11 @@ def _manifest(results: list[ShardResult], classes: list[str], record: dict, sour
         decoder_warnings += h.get("decoder_warnings", [])
         canon.update(h["canonicalised"])
         reenc.update(h.get("reencoded", {}))
-        lossy = h.get("lossy", {})
-        psnr_count += lossy.get("count", 0)
-        if lossy.get("psnr_min") is not None:
-            psnr_min.append(lossy["psnr_min"])
     counts = {"stored": start, "total": sum(r.consumed for r in results), "skipped": skipped,
               "canonicalised": dict(sorted(canon.items())), "reencoded": sum(r.header["stored_as"]["reencoded"]
                                                                               for r in results),
               "reencoded_reasons": dict(sorted(reenc.items())),
-              "lossy": {"count": psnr_count, "psnr_min": min(psnr_min) if psnr_min else None},
+              "lossy": fmt.lossy_summary(headers=[r.header for r in results]),  # the median of every write
               "bytes": sum(r.header["bytes"] for r in results),
               "salvaged": salvaged, "decoder_warnings": decoder_warnings}
     for r in results:

@@ -215,6 +215,17 @@ def _parse_rows(path: Path) -> list[tuple[int, str, str]]:
     return rows
 
 
+def class_count(labels: list[int], num_classes: int | None = None) -> tuple[int, str]:
+    """How many integer classes the labels ``0..N-1`` make, and why (for an error message): ``num_classes``
+    when given, else the largest label + 1, unless that is far outside the count of distinct labels
+    (largest >= 2 x distinct + 100: a typo like ``2000000000`` would make a list of billions of class
+    names), then the count of distinct labels, so that the far label is refused, named by its caller."""
+    if num_classes is not None:
+        return num_classes, f"--num-classes {num_classes}"
+    distinct, top = len(set(labels)), max(labels)
+    return (top + 1 if top < 2 * distinct + 100 else distinct), f"{distinct} distinct labels"
+
+
 def file_list(path: str | os.PathLike[str], *, num_classes: int | None = None) -> Source:
     """List a CSV/TSV file of ``path,label`` lines (the rules are in the module docstring)."""
     path = Path(path).resolve()
@@ -235,14 +246,8 @@ def file_list(path: str | os.PathLike[str], *, num_classes: int | None = None) -
         if negative:
             n, _, lab = negative[0]
             raise SourceError(f"{path}:{n}: label {lab} is negative; labels must be >= 0 or class names.")
-        distinct = len(set(labels))
-        top = max(labels)
-        if num_classes is not None:
-            limit, why = num_classes, f"--num-classes {num_classes}"
-        else:
-            limit = top + 1 if top < 2 * distinct + 100 else distinct
-            why = f"{distinct} distinct labels"
-        if top >= limit:
+        limit, why = class_count(labels, num_classes)
+        if max(labels) >= limit:
             n, _, lab = next(r for r, v in zip(rows, labels) if v >= limit)
             raise SourceError(f"{path}:{n}: label {lab} is outside 0..{limit - 1} ({why}).\nHINT: fix the label, "
                               "or give --num-classes N if the dataset really has that many classes.")
@@ -397,7 +402,7 @@ def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] =
 
     with listed_once():  # a remote prefix is listed once, whatever asks
         if is_container_source(str(path)):
-            return container_source(path)
+            return container_source(path, num_classes=num_classes)
         if is_remote(str(path)):
             return remote_source(str(path), num_classes=num_classes)
     return open_source(path, exclude=exclude, num_classes=num_classes)

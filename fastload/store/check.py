@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import IncompleteStoreError
+from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME
 from fastload.store.reader import StoreReader, load_store_metas
 
@@ -68,9 +69,6 @@ def inspect_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[
         for key in total:
             for k, v in m.header.get(key, {}).items():  # "reencoded" is absent from stores of fastload 0.1
                 total[key][k] = total[key].get(k, 0) + v
-    lossy = [m.header.get("lossy") or {} for m in metas]
-    lossy_count = sum(x.get("count", 0) for x in lossy)
-    mins = [x["psnr_min"] for x in lossy if x.get("psnr_min") is not None]
     count = int(len(labels))
     nbytes = int(sum(m.header["bytes"] for m in metas))
     return {
@@ -87,10 +85,8 @@ def inspect_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[
         "options": metas[0].header["options"] if len(metas) == 1 else
         [m.header["options"] for m in metas],
         **total,
-        # the fidelity of the records fastload encoded lossily (median: of one store, or of each shard)
-        "lossy": {"count": lossy_count, "psnr_min": min(mins) if mins else None,
-                  "psnr_median": [x.get("psnr_median") for x in lossy] if len(lossy) > 1
-                  else lossy[0].get("psnr_median")},
+        # the fidelity of the records fastload encoded lossily, over every shard (median: of all their writes)
+        "lossy": {k: v for k, v in fmt.lossy_summary(headers=[m.header for m in metas]).items() if k != "psnr_hist"},
     }
 
 
@@ -319,7 +315,9 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
     """Check every shard object of a sharded store in object storage against its manifest.
 
     Each ``shard-*/data.mdb`` object must exist, have the manifest's size and sha256, and so must
-    ``samples.json.gz`` (format 2: every label and path; its content must fit the manifest).
+    ``samples.json.gz`` (format 2: every label and path; its content must fit the manifest). Each
+    shard's own records must then agree with what is handed out before any shard is read: its class
+    names with the manifest's, its labels and paths with ``samples.json.gz``'s.
     Records and decoders are checked by ``verify_store`` once the store is read through the node cache.
 
     Returns:
@@ -330,13 +328,14 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
         ManifestError: the manifest is invalid.
         RemoteStoreError: the bucket cannot be read (names the URL).
     """
-    import hashlib
+    import shutil
     import tempfile
 
     from tqdm import tqdm
 
     from fastload.store import remote
     from fastload.errors import ManifestError
+    from fastload.store.cache import sha256_file
     from fastload.store.manifest import SAMPLES_NAME, SHARD_FILE, Manifest, parse_samples
 
     base = remote.RemoteLocation.parse(url)
@@ -349,6 +348,14 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
                                    "the same `fastload convert` command: it redoes only the missing shards.")
     manifest = Manifest.from_json(remote.get_bytes(murl), where=str(murl))
     problems: list[tuple[str, str]] = []
+    samples = None  # (labels, paths) of samples.json.gz, once it is the object the manifest names
+    if manifest.samples is not None:  # checked first: the shards' records are compared with it below
+        obj = base.child(SAMPLES_NAME)
+        try:
+            samples = parse_samples(None if remote.head(obj) is None else remote.get_bytes(obj), manifest,
+                                    where=str(obj))
+        except ManifestError as exc:
+            problems.append((str(obj), str(exc).split("\nHINT")[0].removeprefix(f"{obj}: ")))
     with tempfile.TemporaryDirectory(prefix="fastload-verify-") as tmp:
         for entry in tqdm(manifest.shards, unit="shard", desc=f"verify {base}", disable=not progress):
             obj = base.child(f"{entry.name}/{SHARD_FILE}")
@@ -359,23 +366,50 @@ def verify_remote_shards(url: str, *, progress: bool = True) -> tuple[int, list[
             if size != entry.bytes:
                 problems.append((str(obj), f"{size} bytes, the manifest says {entry.bytes}"))
                 continue
-            local = Path(tmp) / "shard.mdb"
+            folder = Path(tmp) / entry.name
+            folder.mkdir()
+            local = folder / SHARD_FILE
             remote.download_file(obj, local)
-            h = hashlib.sha256()
-            with open(local, "rb") as f:
-                for block in iter(lambda: f.read(8 << 20), b""):
-                    h.update(block)
-            local.unlink()
-            if h.hexdigest() != entry.sha256:
-                problems.append((str(obj), f"sha256 {h.hexdigest()[:16]}... differs from the manifest's "
+            digest = sha256_file(local)
+            if digest != entry.sha256:
+                problems.append((str(obj), f"sha256 {digest[:16]}... differs from the manifest's "
                                            f"{entry.sha256[:16]}... (the object is corrupted)"))
-    if manifest.samples is not None:
-        obj = base.child(SAMPLES_NAME)
-        try:
-            parse_samples(None if remote.head(obj) is None else remote.get_bytes(obj), manifest, where=str(obj))
-        except ManifestError as exc:
-            problems.append((str(obj), str(exc).split("\nHINT")[0].removeprefix(f"{obj}: ")))
+            else:
+                problems += _shard_records_against(str(obj), folder, entry, manifest, samples)
+            shutil.rmtree(folder)
     return len(manifest.shards), problems
+
+
+def _shard_records_against(url: str, folder: Path, entry, manifest, samples) -> list[tuple[str, str]]:
+    """``(what, problem)`` where a shard's own records (its class names, labels and paths) differ from the
+    manifest's class names and ``samples.json.gz``: both are handed out before any shard is read (``ds.classes``,
+    ``targets``), so a manifest edited to match another labels object is found here, not in training."""
+    from fastload.store.manifest import SAMPLES_NAME
+    from fastload.store.reader import briefly, read_meta, release
+
+    with briefly(folder) as env:
+        meta = read_meta(env, folder)
+    release(folder)
+    out = []
+    if list(meta.classes) != list(manifest.classes):
+        k = next((j for j, (a, b) in enumerate(zip(meta.classes, manifest.classes)) if a != b),
+                 min(len(meta.classes), len(manifest.classes)))
+        say = (lambda c: repr(c[k]) if k < len(c) else "nothing")  # noqa: E731
+        out.append((url, f"class {k} is {say(meta.classes)} in the shard, {say(manifest.classes)} in "
+                         f"{MANIFEST_NAME} ({len(meta.classes)} vs {len(manifest.classes)} classes): every label "
+                         "would be handed out with the wrong name"))
+    if samples is not None and meta.count == entry.count:
+        lo, hi = entry.start, entry.start + entry.count
+        labels, paths = samples[0][lo:hi], samples[1][lo:hi]
+        wrong = [j for j in range(meta.count) if labels[j] != meta.labels[j] or paths[j] != meta.paths[j]]
+        if wrong:
+            j = wrong[0]
+            out.append((url, f"{len(wrong)} of its {meta.count} samples have another label or path in "
+                             f"{SAMPLES_NAME}, e.g. sample {lo + j} ({meta.paths[j]}): label {meta.labels[j]} in the "
+                             f"shard, {labels[j]} ({paths[j]}) in {SAMPLES_NAME}"))
+    elif meta.count != entry.count:
+        out.append((url, f"the shard holds {meta.count} samples, {MANIFEST_NAME} says {entry.count}"))
+    return out
 
 
 def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = False) -> list[tuple[str, str]]:
@@ -413,6 +447,13 @@ def check_local_manifest(path: Path, reader: StoreReader, *, progress: bool = Fa
         return _shard_files_against(path, manifest, progress=progress)
     obj = path / SAMPLES_NAME  # checked first: a small object, where hashing every shard reads the store
     labels, paths = parse_samples(obj.read_bytes() if obj.is_file() else None, manifest, where=str(obj))
+    if list(manifest.classes) != list(reader.classes):
+        first = next((f"{a!r} vs {b!r}" for a, b in zip(manifest.classes, reader.classes) if a != b), "the count")
+        raise ManifestError(f"{where}: its class names are not the shards' ({len(manifest.classes)} vs "
+                            f"{len(reader.classes)} classes, first difference: {first}"
+                            "): a copy in a bucket would hand every label out with the wrong name.\nHINT: the "
+                            "manifest was edited or comes from another conversion; convert the source again "
+                            "into a new DST.")
     if labels != reader.labels.tolist() or paths != list(reader.paths):
         first = next(i for i in range(len(labels)) if labels[i] != reader.labels[i] or paths[i] != reader.paths[i])
         raise ManifestError(f"{obj}: sample {first} ({reader.paths[first]}) has label {reader.labels[first]} in its "

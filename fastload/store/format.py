@@ -22,7 +22,9 @@ Layout of one store (an LMDB environment directory):
   crc32, encoding, stored_as) and ``~meta/paths`` (NUL-joined relative paths, UTF-8;
   names that are not valid UTF-8 are kept byte for byte with ``surrogateescape``). The
   header counts samples by encoding and by how they were stored, with the reasons, and
-  sums up the fidelity of lossy writes (``lossy``: count, minimum and median PSNR).
+  sums up the fidelity of lossy writes (``lossy``: count, minimum and median PSNR, and
+  ``psnr_hist``, how many writes had each PSNR value, so that the median of several shards
+  together is exact: ``lossy_summary``; headers written before it lack the histogram).
   Written **last**, in one transaction with the deletion of the chunk records: a store
   without ``~meta`` is incomplete, never silently short.
 * Integrity (format 2): the header holds the crc32 of every array and of the paths, and
@@ -160,6 +162,45 @@ def decode_paths(data: bytes, count: int) -> list[str]:
 
 def crc_hex(data: bytes) -> str:
     return f"{zlib.crc32(data):08x}"
+
+
+def lossy_summary(values: Any = (), *, headers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``lossy`` summary of a store's lossy writes: ``count``, ``psnr_min``, ``psnr_median`` and
+    ``psnr_hist`` (each PSNR value, as ``repr`` of the float, to how many writes had it).
+
+    From the PSNR ``values`` of one store's writes, or merged from the ``lossy`` summaries of several
+    ``headers`` (the shards of one store): the median is then the median of every write of every shard,
+    exactly as one store of all of them reports it. A header written before the histogram existed
+    leaves the median unknown (``None``); count and minimum are still summed and taken.
+    """
+    hist: dict[float, int] = {}
+    count, mins, only = 0, [], None
+    if headers is None:
+        vals = [float(v) for v in values]
+        for v in vals:
+            hist[v] = hist.get(v, 0) + 1
+        count, mins = len(vals), vals
+    else:
+        for h in headers:
+            lossy = h.get("lossy") or {}
+            count += int(lossy.get("count", 0))
+            if lossy.get("count"):
+                only = lossy if only is None and count == lossy["count"] else {}  # the one header with writes
+            if lossy.get("psnr_min") is not None:
+                mins.append(float(lossy["psnr_min"]))
+            for k, c in (lossy.get("psnr_hist") or {}).items():
+                hist[float(k)] = hist.get(float(k), 0) + int(c)
+    keys = sorted(hist)
+    median = None
+    if count and sum(hist.values()) == count:  # else a shard of an older fastload: no histogram
+        cum = np.cumsum([hist[v] for v in keys])
+        lo = keys[int(np.searchsorted(cum, (count - 1) // 2, side="right"))]  # the k-th smallest write, 0-based
+        hi = keys[int(np.searchsorted(cum, count // 2, side="right"))]
+        median = float(np.mean([lo, hi]))  # as np.median of the values
+    elif only:  # the only header with lossy writes knows their median, histogram or not
+        median = only.get("psnr_median")
+    return {"count": count, "psnr_min": min(mins) if mins else None, "psnr_median": median,
+            "psnr_hist": {repr(v): hist[v] for v in keys}}
 
 
 def meta_records(header: dict[str, Any], arrays: dict[str, np.ndarray], paths: list[str]) -> list[tuple[bytes, bytes]]:

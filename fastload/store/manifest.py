@@ -39,7 +39,7 @@ from typing import Any
 from fastload.errors import ManifestError
 
 __all__ = ["MANIFEST_NAME", "PLAN_NAME", "SHARD_FILE", "SAMPLES_NAME", "MANIFEST_VERSION", "ShardEntry",
-           "SamplesEntry", "Manifest", "samples_object", "parse_samples"]
+           "SamplesEntry", "Manifest", "samples_object", "samples_limit", "parse_samples"]
 
 MANIFEST_NAME = "manifest.json"
 PLAN_NAME = "plan.json"
@@ -201,6 +201,18 @@ def samples_object(labels: list[int], paths: list[str]) -> tuple[bytes, SamplesE
     return data, SamplesEntry(SAMPLES_NAME, len(data), hashlib.sha256(data).hexdigest(), len(labels))
 
 
+#: the most one relative path can take in ``samples.json.gz``: PATH_MAX bytes, each escaped at worst to
+#: 6 (``\\u001f``), with its quotes and comma
+_PATH_MAX_JSON = 4096 * 6 + 3
+
+
+def samples_limit(num_samples: int, num_classes: int) -> int:
+    """The most bytes ``samples.json.gz`` of ``num_samples`` samples can inflate to: each label (the
+    digits of the largest class and a comma) and each path (``_PATH_MAX_JSON``), plus the keys. Past
+    it the object is not read further: a small object that inflates to gigabytes is refused."""
+    return 64 + num_samples * (len(str(max(0, num_classes - 1))) + 1 + _PATH_MAX_JSON)
+
+
 def parse_samples(data: bytes | None, manifest: Manifest, *,
                   where: str = SAMPLES_NAME) -> tuple[list[int], list[str]]:
     """``(labels, paths)`` from the ``samples.json.gz`` bytes, checked against ``manifest.samples``.
@@ -210,10 +222,10 @@ def parse_samples(data: bytes | None, manifest: Manifest, *,
     Raises:
         ManifestError: the object is missing, its bytes are not the size or sha256 the manifest
             names, or their content does not fit the manifest (count, labels outside the
-            classes); names ``where``.
+            classes, more bytes inflated than ``samples_limit`` allows); names ``where``.
     """
-    import gzip
     import hashlib
+    import zlib
 
     entry = manifest.samples
     if entry is None:
@@ -228,10 +240,18 @@ def parse_samples(data: bytes | None, manifest: Manifest, *,
                             f"bytes of sha256 {entry.sha256[:16]}...: the labels object or the manifest was "
                             "replaced or damaged; none of it was used.\nHINT: check the store with `fastload "
                             "verify`; convert the source again into a new DST if it persists.")
+    limit = samples_limit(manifest.num_samples, len(manifest.classes))
     try:
-        d = json.loads(gzip.decompress(data))
+        inflate = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # gzip; never more than the limit in memory
+        text = inflate.decompress(data, limit + 1)
+        if len(text) > limit or inflate.unconsumed_tail:
+            raise _bad(where, f"the samples object inflates to more than {limit:,} bytes, the most "
+                              f"{manifest.num_samples:,} samples' labels and paths can take (a gzip bomb?)")
+        if not inflate.eof or inflate.unused_data:
+            raise ValueError("truncated, or trailing bytes after the gzip stream")
+        d = json.loads(text)
         labels, paths = d["labels"], d["paths"]
-    except (OSError, ValueError, EOFError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, EOFError, KeyError, TypeError, zlib.error) as exc:
         raise _bad(where, f"the samples object does not hold labels and paths ({exc})") from None
     k = len(manifest.classes)
     if (not isinstance(labels, list) or not isinstance(paths, list) or len(labels) != manifest.num_samples

@@ -30,6 +30,7 @@ import numpy as np
 from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError, StoreChangedError
 from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME, PLAN_NAME
+from fastload.store.remote import is_remote
 
 __all__ = ["StoreReader", "open_readonly", "release", "briefly", "forget_stale", "read_meta", "load_store_metas"]
 
@@ -244,8 +245,16 @@ def read_meta(env, path: Path) -> fmt.StoreMeta:
     return fmt.parse_meta(path, raw, check, blobs)
 
 
+def _local_path(path: object) -> None:
+    """A store path given as a string that looks like a URL is never read as a local folder."""
+    if isinstance(path, str) and is_remote(path):  # an unsupported URL raises, naming the schemes
+        raise NotAStoreError(f"{path}: a store in object storage is not read in place.\nHINT: read it with "
+                             "LMDBImageDataset (or `fastload inspect`/`verify` URL), through the node shard cache.")
+
+
 def load_store_metas(path: str | os.PathLike[str]) -> list[fmt.StoreMeta]:
     """Metadata of the store at ``path``: one entry, or one per shard of a shard directory."""
+    _local_path(path)
     path = Path(path)
     if (path / PLAN_NAME).is_file() and not (path / MANIFEST_NAME).is_file():
         raise IncompleteStoreError(
@@ -284,6 +293,7 @@ class StoreReader:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, readahead: bool = False, verify: bool = True) -> None:
+        _local_path(path)
         self.path = Path(path)
         self.verify = verify
         self.metas = load_store_metas(self.path)

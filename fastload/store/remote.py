@@ -1,6 +1,8 @@
 """Object storage: URLs, and thin retried operations through one client (``obstore``).
 
-Owns: telling a remote URL from a local path (``is_remote``), parsing it (``RemoteLocation``),
+Owns: telling a remote URL from a local path (``is_remote``: the one test every room uses; anything of
+the form ``scheme://`` is a supported URL with a bucket or an error naming the schemes, never a local
+path), parsing it (``RemoteLocation``),
 and the few operations the rest of fastload needs (``get_bytes``, ``put_bytes``,
 ``upload_file``, ``download_file``, ``head``, ``list_prefix``, ``delete``). Every failure
 becomes one ``RemoteStoreError`` naming the URL, with a HINT for the usual causes (wrong
@@ -52,6 +54,10 @@ __all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "get_range", "
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 _URL_RE = re.compile(r"^(?P<scheme>[a-z0-9]+)://(?P<bucket>[^/]+)/?(?P<prefix>.*)$")
+#: anything of the form ``scheme://`` (RFC 3986 scheme characters): a URL, never a local path
+_LOOKS_LIKE_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
+
+_SUPPORTED = ", ".join(f"{sch}://" for sch in SCHEMES)
 
 #: Seconds one operation keeps retrying transient failures before it raises (``FASTLOAD_REMOTE_RETRY_S``).
 RETRY_BUDGET_S = 30.0
@@ -98,9 +104,24 @@ _STORES_LOCK = threading.Lock()
 
 
 def is_remote(path: object) -> bool:
-    """True for ``s3://``, ``gs://``, ``az://`` (and obstore's aliases) URLs."""
-    m = _URL_RE.match(str(path)) if isinstance(path, str) else None
-    return m is not None and m.group("scheme") in SCHEMES
+    """True for ``s3://``, ``gs://``, ``az://`` (and obstore's aliases) URLs with a bucket; False for a
+    local path (relative, absolute, Windows-like ``C:\\data``: nothing of the form ``scheme://``).
+
+    The one test every room uses to tell a URL from a path, so that a string that looks like a URL is
+    never taken for a local folder (``s3:`` would be created in the working directory).
+
+    Raises:
+        RemoteStoreError: ``path`` looks like a URL (``scheme://...``) but is not a supported scheme
+            (``http://``, ``file://``, upper-case ``S3://``) or has no bucket (``s3://``, ``s3:///x``);
+            the message names the supported schemes.
+    """
+    if not isinstance(path, str):
+        return False
+    m = _LOOKS_LIKE_URL.match(path)
+    if m is None:
+        return False
+    RemoteLocation.parse(path)  # raises, naming the supported schemes
+    return True
 
 
 @dataclass(frozen=True)
@@ -115,11 +136,24 @@ class RemoteLocation:
     def parse(cls, url: str | RemoteLocation) -> RemoteLocation:
         if isinstance(url, RemoteLocation):
             return url
-        m = _URL_RE.match(str(url))
+        text = str(url)
+        m = _URL_RE.match(text)
         if m is None or m.group("scheme") not in SCHEMES:
+            seen = _LOOKS_LIKE_URL.match(text)
+            if seen is None:
+                why = "not of the form scheme://BUCKET/PREFIX"
+            elif seen.group("scheme").lower() in SCHEMES and seen.group("scheme") not in SCHEMES:
+                scheme = seen.group("scheme")
+                why = f"the scheme {scheme}:// is written in lower case ({scheme.lower()}://)"
+            elif seen.group("scheme") in SCHEMES:
+                why = "no bucket after " + seen.group("scheme") + "://"
+            else:
+                why = f"{seen.group('scheme')}:// is not a supported scheme (supported: {_SUPPORTED})"
             raise RemoteStoreError(
-                f"{url}: not an object-store URL.\nHINT: use {', '.join(s + '://BUCKET/PREFIX' for s in SCHEMES[::2])}",
-                url=str(url), reason="other")
+                f"{text}: not an object-store URL ({why}); it is not read or written as a local path "
+                "either.\nHINT: use "
+                f"{', '.join(sch + '://BUCKET/PREFIX' for sch in SCHEMES[::2])} (supported schemes: "
+                f"{_SUPPORTED}), or a local path without '://' (e.g. ./data)", url=text, reason="other")
         return cls(m.group("scheme"), m.group("bucket"), m.group("prefix").strip("/"))
 
     def child(self, name: str) -> RemoteLocation:

@@ -7,6 +7,11 @@ store, every record checked against its crc32; at most ``open_shards`` shards le
 process (the least recently used is given back first, so the cache may evict it); and
 background prefetch of the shards a sampler says come next.
 
+Every shard opened is checked against what was handed out before it: its sample count and class names
+against the manifest's (``classes``/``ds.classes`` come from the manifest, so an edited manifest
+is named at the first shard read, not trained on), its labels and paths against
+``samples.json.gz``'s when those were handed out.
+
 Labels, relative paths and checksums live in each shard's metadata record, so they are known
 once the shard is here: ``label(i)`` and ``relpath(i)`` download the shard of ``i`` if needed.
 All labels and paths at once (``sample_index()``: ``targets`` / ``samples``) come from the
@@ -29,7 +34,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastload.errors import ChecksumError, RemoteStoreError, StoreDamagedError
+from fastload.errors import ChecksumError, ManifestError, RemoteStoreError, StoreDamagedError
 from fastload.store import format as fmt
 from fastload.store import remote
 from fastload.store.cache import ShardCache, ShardSpec
@@ -164,6 +169,18 @@ class RemoteStoreReader:
                 lease.release()
                 raise
             problem = None
+            if list(meta.classes) != self.classes:  # the names handed out (ds.classes) come from the manifest
+                release(lease.path)
+                lease.release()
+                k = next((j for j, (a, b) in enumerate(zip(meta.classes, self.classes)) if a != b),
+                         min(len(meta.classes), len(self.classes)))
+                say = (lambda c: repr(c[k]) if k < len(c) else "nothing")  # noqa: E731
+                raise ManifestError(
+                    f"{self.path}{MANIFEST_NAME}: its class names are not those of {spec.url}: class {k} is "
+                    f"{say(self.classes)} in the manifest, {say(meta.classes)} in the shard ({len(self.classes)} vs "
+                    f"{len(meta.classes)} classes); every label would be handed out with the wrong name.\nHINT: the "
+                    "manifest was edited or comes from another conversion; check the store with `fastload verify "
+                    f"{self.path.rstrip('/')}`, and convert the source again into a new DST.")
             if meta.count != self.manifest.shards[i].count:
                 problem = f"the shard holds {meta.count} samples, the manifest says {self.manifest.shards[i].count}"
             elif self._samples is not None:  # labels already handed out from samples.json.gz: they must agree

@@ -296,8 +296,7 @@ class StoreWriter:
             "canonicalised": dict(sorted(reasons.items())),
             "reencoded": dict(sorted(reencoded.items())),
             # every record fastload encoded lossily (JPEG): how close it is to the pixels it encodes
-            "lossy": {"count": int(psnr.size), "psnr_min": float(psnr.min()) if psnr.size else None,
-                      "psnr_median": float(np.median(psnr)) if psnr.size else None},
+            "lossy": fmt.lossy_summary(psnr),
             "encodings": {name: int((enc == i).sum()) for i, name in enumerate(fmt.ENCODINGS)},
             "stored_as": {name: int((stored_as == i).sum()) for i, name in enumerate(fmt.STORED_AS)},
             "bytes": int(sum(c.bytes for c in chunks)),

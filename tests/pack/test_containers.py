@@ -86,6 +86,66 @@ def test_tar_without_labels_is_named(tmp_path):
         container_source(tmp_path / "wds")
 
 
+def _tar_with_labels(out: Path, labels: list[int]) -> Path:
+    from helpers import jpeg_bytes, photo
+
+    out.mkdir()
+    with tarfile.open(out / "a.tar", "w") as tf:
+        for k, label in enumerate(labels):
+            for name, data in ((f"k{k}.jpg", jpeg_bytes(photo(16, 16, seed=k))), (f"k{k}.cls", str(label).encode())):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return out
+
+
+def _parquet_with_labels(out: Path, labels: list[int], names: list[str] | None) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out.mkdir()
+    table = pa.table({"image": [{"bytes": b"x", "path": f"{k}.jpg"} for k in range(len(labels))],
+                      "label": pa.array(labels, pa.int64())})
+    if names:
+        features = {"image": {"_type": "Image"}, "label": {"_type": "ClassLabel", "names": names}}
+        table = table.replace_schema_metadata({"huggingface": json.dumps({"info": {"features": features}})})
+    pq.write_table(table, out / "train.parquet")
+    return out
+
+
+# 2,000,000,000 made a list of 2e9 class names (MemoryError); 5000 made 5001 classes for 3 labels
+@pytest.mark.parametrize("huge", [5000, 2_000_000_000])
+def test_a_webdataset_label_far_outside_the_labels_seen_is_named(tmp_path, huge):
+    src = _tar_with_labels(tmp_path / "wds", [0, 1, huge, 1])
+    with pytest.raises(SourceError, match=rf"a.tar: member k2.cls holds label {huge}, outside 0..2 "
+                                          r"\(3 distinct labels\)") as exc:
+        container_source(src)
+    assert "--num-classes" in str(exc.value)
+    if huge == 5000:  # a dataset that really has that many classes says so
+        assert len(container_source(src, num_classes=5001).classes) == 5001
+        with pytest.raises(SourceError, match=r"k2.cls holds label 5000, outside 0..4999 \(--num-classes 5000\)"):
+            container_source(src, num_classes=5000)
+
+
+@pytest.mark.parametrize("names", [None, ["cat", "dog"]])
+@pytest.mark.parametrize("huge", [5000, 2_000_000_000])
+def test_a_parquet_label_far_outside_the_labels_seen_is_named(tmp_path, huge, names):
+    src = _parquet_with_labels(tmp_path / "pq", [0, 1, 1, huge], names)
+    with pytest.raises(SourceError, match=rf"train.parquet: row 3 \('label' column\) holds label {huge}, outside"):
+        container_source(src)
+
+
+def test_cli_refuses_a_huge_label_with_its_member(tmp_path):
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    src = _tar_with_labels(tmp_path / "wds", [0, 2_000_000_000])
+    r = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "dst"), "-q"], catch_exceptions=False)
+    assert r.exit_code == 1 and "k1.cls holds label 2000000000" in r.output, r.output
+    assert not (tmp_path / "dst").exists()
+
+
 def test_tar_and_parquet_on_s3(s3_server, fresh_bucket, tiny_tree, tmp_path):
     expected = _make_tars(tiny_tree, tmp_path / "wds")
     _make_parquet(tiny_tree, tmp_path / "pq")

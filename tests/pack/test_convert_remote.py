@@ -163,3 +163,58 @@ def test_object_overwritten_with_same_size_between_crash_and_rerun_is_named(s3_s
                                            r"shard-00000-of-00002"):
         convert_sharded(url, dst, OPTS, EngineOptions(num_shards=2), handler=handler)
     assert not (dst / "manifest.json").exists()
+
+
+@pytest.fixture
+def store_in_bucket(s3_server, fresh_bucket, tiny_tree):
+    url = f"s3://{fresh_bucket}/store"
+    convert_sharded(tiny_tree, url, OPTS, EngineOptions(num_shards=3))
+    assert _cli("verify", url, "-q").exit_code == 0
+    return url
+
+
+def _edit_manifest(url: str, **changes) -> None:
+    import dataclasses
+
+    from fastload.store.manifest import Manifest
+
+    m = Manifest.from_json(remote.get_bytes(f"{url}/manifest.json"))
+    remote.put_bytes(f"{url}/manifest.json", dataclasses.replace(m, **changes).to_json().encode())
+
+
+def test_class_names_permuted_in_the_manifest_are_named_by_verify_and_the_reader(store_in_bucket, tmp_path):
+    """ds.classes handed every label out with another class's name, and `verify s3://` said OK."""
+    from fastload.errors import ManifestError
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.store.manifest import Manifest
+
+    url = store_in_bucket
+    classes = list(Manifest.from_json(remote.get_bytes(f"{url}/manifest.json")).classes)
+    _edit_manifest(url, classes=tuple(classes[1:] + classes[:1]))
+    r = _cli("verify", url, "-q")
+    assert r.exit_code == 1, r.output
+    assert (f"{url}/shard-00000-of-00003/data.mdb: class 0 is {classes[0]!r} in the shard, {classes[1]!r} in "
+            "manifest.json") in r.output and "3 problems" in r.output
+    ds = LMDBImageDataset(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(ManifestError, match=rf"class 0 is {classes[1]!r} in the manifest, {classes[0]!r} in the "
+                                            r"shard .*\nHINT: ") as exc:
+        ds[len(ds) - 1]  # whichever shard is opened first
+    assert "fastload verify" in str(exc.value)
+
+
+def test_a_labels_object_whose_labels_differ_from_the_shards_fails_verify(store_in_bucket):
+    """samples.json.gz rewritten with every label changed and the manifest made to name it: `verify` passed."""
+    from fastload.store.manifest import Manifest, parse_samples, samples_object
+
+    url = store_in_bucket
+    m = Manifest.from_json(remote.get_bytes(f"{url}/manifest.json"))
+    labels, paths = parse_samples(remote.get_bytes(f"{url}/samples.json.gz"), m)
+    data, entry = samples_object([(y + 1) % len(m.classes) for y in labels], paths)
+    remote.put_bytes(f"{url}/samples.json.gz", data)
+    _edit_manifest(url, samples=entry)
+    r = _cli("verify", url, "-q")
+    assert r.exit_code == 1, r.output
+    for i, e in enumerate(m.shards):
+        assert (f"{url}/{e.name}/data.mdb: {e.count} of its {e.count} samples have another label or path in "
+                f"samples.json.gz, e.g. sample {e.start} ({paths[e.start]}): label {labels[e.start]} in the shard, "
+                f"{(labels[e.start] + 1) % 3} ({paths[e.start]}) in samples.json.gz") in r.output, r.output

@@ -257,7 +257,8 @@ def _relabelled(store, manifest):
     ("relabelled", r"samples\.json\.gz: sample 5 \(.*\) has label \d in its shard, \d .* not the shards"),
     ("shard-missing", r"manifest\.json: it names 3 shards, the folder holds 3; at position 0 the manifest names "
                       r"shard-00000-of-00004 \(8 samples\), the folder holds shard-00000-of-00003"),
-], ids=["truncated", "missing", "relabelled", "shard-missing"])
+    ("classes-permuted", r"manifest\.json: its class names are not the shards' \(3 vs 3 classes, first difference"),
+], ids=["truncated", "missing", "relabelled", "shard-missing", "classes-permuted"])
 def test_local_verify_checks_the_manifest_and_samples_object(sharded, tmp_path, damage, expected):
     """`fastload verify DIR` checks samples.json.gz as `fastload verify s3://...` does (size, sha256,
     content), and against the shards' own labels and paths: each damage a named error with a HINT."""
@@ -274,6 +275,9 @@ def test_local_verify_checks_the_manifest_and_samples_object(sharded, tmp_path, 
         (store / "samples.json.gz").unlink()
     elif damage == "relabelled":
         _relabelled(store, manifest)
+    elif damage == "classes-permuted":  # every label would be handed out with another class's name
+        classes = manifest.classes[1:] + manifest.classes[:1]
+        (store / "manifest.json").write_text(dataclasses.replace(manifest, classes=classes).to_json())
     else:  # the manifest names a shard the folder no longer holds (its shard set still reads as one store)
         entries = [dataclasses.replace(e, name=f"shard-0000{i}-of-00004") for i, e in enumerate(manifest.shards)]
         (store / "manifest.json").write_text(dataclasses.replace(manifest, shards=tuple(entries)).to_json())

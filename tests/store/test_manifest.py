@@ -99,3 +99,38 @@ def test_sharded_store_without_manifest_is_incomplete(tiny_store, tmp_path):
         StoreReader(dst)
     (dst / "manifest.json").write_text("{}")
     assert len(StoreReader(dst)) == 24
+
+
+def _gzip_stream(parts) -> bytes:
+    import zlib
+
+    z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join([*(z.compress(p) for p in parts), z.flush()])
+
+
+def test_a_samples_object_that_inflates_past_what_its_samples_can_take_is_refused_unread():
+    """A small object that inflates to far more than 8 samples' labels and paths can take (here 100 MB in
+    one path; a 1.6 MB object made a reader resident at 3.6 GB) is refused, without inflating it whole."""
+    import hashlib
+    import tracemalloc
+
+    from fastload.store.manifest import SAMPLES_NAME, SamplesEntry, samples_limit
+
+    head = b'{"labels":[0,1,0,1,0,1,0,1],"paths":["' + b'","'.join(p.encode() for p in PATHS[:7]) + b'","'
+    bomb = _gzip_stream([head, *(b"a" * (1 << 20) for _ in range(100)), b'"]}'])
+    assert len(bomb) < 200_000
+    m = _manifest()
+    m = Manifest(MANIFEST_VERSION, m.shards, m.classes, 8, {}, {},
+                 SamplesEntry(SAMPLES_NAME, len(bomb), hashlib.sha256(bomb).hexdigest(), 8))
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError, match=r"inflates to more than [\d,]+ bytes, the most 8 samples"):
+            parse_samples(bomb, m, where="s3://b/store/samples.json.gz")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * samples_limit(8, 2) + (1 << 20)  # not the 100 MB the object inflates to
+    # the bound leaves room for any real store: 8 paths of PATH_MAX bytes, each escaped at worst
+    worst = ["\x01" * 4096] * 8
+    data, entry = samples_object(LABELS, worst)
+    assert parse_samples(data, Manifest(MANIFEST_VERSION, m.shards, m.classes, 8, {}, {}, entry))[1] == worst

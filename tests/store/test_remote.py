@@ -16,7 +16,8 @@ from fastload.store import remote
 def test_is_remote_and_parse():
     assert remote.is_remote("s3://b/p/") and remote.is_remote("gs://b") and remote.is_remote("az://c/x")
     assert not remote.is_remote("/tmp/x") and not remote.is_remote("relative/s3://x")
-    assert not remote.is_remote("http://host/x")
+    assert not remote.is_remote("C:\\data\\store") and not remote.is_remote("C:/data/store")
+    assert not remote.is_remote("./s3:/x") and not remote.is_remote("s3:bucket")
     loc = remote.RemoteLocation.parse("s3://bucket/a/b/")
     assert (loc.scheme, loc.bucket, loc.prefix) == ("s3", "bucket", "a/b")
     assert str(loc.child("manifest.json")) == "s3://bucket/a/b/manifest.json"
@@ -24,6 +25,18 @@ def test_is_remote_and_parse():
     assert loc.child("shard-00000-of-00002/data.mdb").name == "data.mdb"
     with pytest.raises(RemoteStoreError, match="not an object-store URL"):
         remote.RemoteLocation.parse("ftp://b/x")
+
+
+@pytest.mark.parametrize("url, why", [
+    ("s3://", "no bucket after s3://"), ("s3:///x", "no bucket after s3://"), ("gs:///", "no bucket after gs://"),
+    ("S3://bucket/x", "written in lower case"), ("http://host/x", "http:// is not a supported scheme"),
+    ("ftp://host/x", "ftp:// is not a supported scheme"), ("file:///tmp/x", "file:// is not a supported scheme"),
+    ("https://bucket.s3.amazonaws.com/x", "https:// is not a supported scheme")])
+def test_a_string_that_looks_like_a_url_is_a_supported_one_or_an_error_naming_them(url, why):
+    """Never a local path: ``is_remote`` (the one test every room uses) refuses it, naming the schemes."""
+    with pytest.raises(RemoteStoreError, match=why) as exc:
+        remote.is_remote(url)
+    assert "s3://, s3a://, gs://, az://" in str(exc.value) and "HINT" in str(exc.value)
 
 
 def test_operations_round_trip(s3_server, fresh_bucket, tmp_path):
@@ -245,3 +258,51 @@ def test_a_404_in_the_url_is_not_a_missing_object(text, reason):
     (a stalled download against port 40412 was called "no such object" and not retried)."""
     err = remote._error(remote.RemoteLocation.parse("s3://t404-1/x"), "downloading", Exception(text))
     assert err.reason == reason, str(err)
+
+
+BAD_URLS = ["s3://", "s3:///x", "S3://bucket/x", "http://host/x", "ftp://host/x", "file:///tmp/x"]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_readers_refuse_a_url_that_is_not_a_supported_one(url, tmp_path, monkeypatch):
+    """LMDBImageDataset (with or without cache_dir) and StoreReader name the supported schemes, not a
+    ValueError about cache_dir or a missing local folder."""
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.store.reader import StoreReader
+
+    monkeypatch.chdir(tmp_path)
+    for make in (lambda: LMDBImageDataset(url), lambda: LMDBImageDataset(url, cache_dir=tmp_path / "cache"),
+                 lambda: StoreReader(url)):
+        with pytest.raises(RemoteStoreError, match="not an object-store URL") as exc:
+            make()
+        assert "s3://" in str(exc.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_store_reader_sends_a_bucket_url_to_the_remote_reader():
+    from fastload.errors import NotAStoreError
+    from fastload.store.reader import StoreReader
+
+    with pytest.raises(NotAStoreError, match="LMDBImageDataset"):
+        StoreReader("s3://bucket/store")
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+@pytest.mark.parametrize("as_src", [False, True])
+def test_convert_to_or_from_a_url_that_is_not_a_supported_one_writes_nothing(url, as_src, tiny_tree, tmp_path,
+                                                                             monkeypatch):
+    """Each exited 0 having written a local store named ``s3:``, ``S3:``, ``http:`` ... in the working folder."""
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = [url, "dst"] if as_src else [str(tiny_tree), url]
+    for extra in ([], ["--engine", "local"], ["--num-shards", "2"], ["--shard-size", "4MB"]):
+        r = CliRunner().invoke(main, ["convert", *args, "--lossless", "-q", *extra], catch_exceptions=False)
+        assert r.exit_code == 1, r.output
+        assert "not an object-store URL" in r.output and "s3://" in r.output and "Traceback" not in r.output
+    assert list(tmp_path.iterdir()) == []
+    for cmd in (["verify", url], ["inspect", url]):
+        r = CliRunner().invoke(main, cmd, catch_exceptions=False)
+        assert r.exit_code == 1 and "not an object-store URL" in r.output, r.output
