@@ -69,7 +69,14 @@ def run_on_ray(shards, job, engine, progress: Callable[[int, int], None], shard_
 
     ray, started_here = connect(engine)
     try:
-        @ray.remote
+        # on the driver's own node, needing no CPU: an actor placed on a worker node that dies takes the
+        # progress of every task with it, and the driver's wait failed with ActorUnavailableError although
+        # Ray retried the node's tasks elsewhere (a killed node in tests/load/test_multinode.py)
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+
+        @ray.remote(num_cpus=0, scheduling_strategy=here)
         class _Progress:
             """Files and bytes done, per shard attempt: a retried shard's earlier attempt is taken back
             (a negative count), so the bar does not pass 100%; reports of a dead attempt are ignored."""
