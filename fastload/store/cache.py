@@ -270,7 +270,8 @@ class ShardCache:
         else:
             for d in (self.dir, self.root, self.root / ".locks", self.root / ".partial", self.dir / ".reserve"):
                 if not os.access(d, os.W_OK | os.X_OK):  # an existing folder: EACCES, or EROFS for root too
-                    problem = f"{d} cannot be written ({'read-only file system' if _read_only(d) else 'permission denied'})"
+                    why = "read-only file system" if _read_only(d) else "permission denied"
+                    problem = f"{d} cannot be written ({why})"
                     break
         if problem:
             raise ShardCacheError(

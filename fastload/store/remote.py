@@ -14,7 +14,8 @@ An ``http://`` endpoint is allowed because the user named it (``AWS_ALLOW_HTTP``
 needed). For ``s3://``, when no credential source is set (``AWS_CREDENTIAL_VARS``) and the machine is
 not an EC2 instance (whose role obstore would ask its metadata endpoint for), the first use of a bucket
 fails at once with reason "credentials", naming the variables read: obstore would otherwise ask the
-metadata endpoint for ~10 s and report "cannot reach the endpoint". Retries: on transient errors (connection failures, 5xx, throttling; never on 4xx
+metadata endpoint for ~10 s and report "cannot reach the endpoint".
+Retries: on transient errors (connection failures, 5xx, throttling; never on 4xx
 answers) each operation keeps retrying, with jittered exponential backoff (0.1 s growing to at
 most 2 s between tries), for a **retry budget** of ``RETRY_BUDGET_S`` seconds (30: an endpoint
 gone for 10-20 s, a server restart, is ridden out), then raises naming the URL. The budget comes
@@ -48,9 +49,9 @@ from typing import Any
 
 from fastload.errors import MissingDependencyError, RemoteStoreError
 
-__all__ = ["SCHEMES", "AWS_CREDENTIAL_VARS", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader", "put_bytes",
-           "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once", "delete",
-           "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config"]
+__all__ = ["SCHEMES", "AWS_CREDENTIAL_VARS", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader",
+           "put_bytes", "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once",
+           "delete", "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config"]
 
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
@@ -95,7 +96,8 @@ AWS_CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSIO
                        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
                        "AWS_METADATA_ENDPOINT", "AWS_SKIP_SIGNATURE")
 #: Files that say "this is an EC2 instance" without a request (Nitro: DMI vendor; Xen: hypervisor uuid "ec2…").
-_EC2_MARKS = ("/sys/devices/virtual/dmi/id/sys_vendor", "/sys/devices/virtual/dmi/id/board_vendor", "/sys/hypervisor/uuid")
+_EC2_MARKS = ("/sys/devices/virtual/dmi/id/sys_vendor", "/sys/devices/virtual/dmi/id/board_vendor",
+               "/sys/hypervisor/uuid")
 
 
 def _on_ec2() -> bool:
