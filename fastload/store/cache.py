@@ -9,8 +9,10 @@ Layout (``cache_dir`` may hold anything else: only entries the cache made are ev
 
     cache_dir/.fastload-cache.lock          global lock: space accounting and eviction
     cache_dir/<store key>/shard-…/data.mdb  a complete shard (a store directory)
-    cache_dir/<store key>/shard-…/fastload-cache.json   what makes it ours: url, size, sha256;
-                                            its mtime is the LRU clock (touched at each lease)
+    cache_dir/<store key>/shard-…/fastload-cache.json   what makes it ours: url, size, sha256, the
+                                            store key and shard name it was published under, and
+                                            data.mdb's identity then (size, mtime_ns, inode); its mtime
+                                            is the LRU clock (touched at each lease)
     cache_dir/<store key>/shard-…/fastload-unread        a prefetched shard no reader has leased yet
                                             (removed at its first lease); evicted only after every
                                             shard that has been read: its use is still ahead
@@ -19,6 +21,17 @@ Layout (``cache_dir`` may hold anything else: only entries the cache made are ev
     cache_dir/<store key>/.partial/<shard>.<pid>   a download in progress (never read)
     cache_dir/.reserve/<store key>.<shard>   space reserved by a download (flocked while live)
     cache_dir/.downloads.log                 one JSON line per completed download (``node_downloads``)
+
+The store key holds the manifest's identity (``key_for``): a store re-uploaded under the same URL is
+another folder, so a job still reading the old version and a new job reading the new one live side by
+side; the old version's shards are ordinary LRU entries, evicted under ``cache_limit`` once unleased.
+
+Ours and intact: an entry is the cache's own only where its ``fastload-cache.json`` names the very
+folder it sits in (a hand-made copy elsewhere in ``cache_dir`` is never counted nor evicted), and it
+is served only while ``data.mdb`` still has the size, mtime_ns and inode recorded when it was
+published (one ``stat`` per lease, never a re-hash): a file swapped or rewritten in place is replaced
+by a fresh download. Folders a cleanup removed (``.locks/``, ``.partial/``, ``.reserve/``) are made
+again where they are needed.
 
 Concurrency uses ``fcntl.flock`` only: a crashed process's locks vanish with it, so a crash
 leaves no lock held and no shared-memory segment; its partial file and reservation are
@@ -44,7 +57,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastload.errors import CacheFullError, RemoteStoreError, ShardIntegrityError
+from fastload.errors import CacheFullError, RemoteStoreError, ShardCacheError, ShardIntegrityError
 
 __all__ = ["ShardSpec", "ShardCache", "Lease", "parse_size", "stats", "node_downloads", "CACHE_META"]
 
@@ -61,6 +74,8 @@ DOWNLOAD_LOG = ".downloads.log"
 _LOCK = ".fastload-cache.lock"
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)[bB]?\s*$")
 Fetch = Callable[[str, Path], None]
+#: ``give_back()``: the reader releases one shard it holds; False when it holds none.
+GiveBack = Callable[[], bool]
 
 
 def parse_size(value: int | str | None) -> int | None:
@@ -164,9 +179,19 @@ def _drop_inherited() -> None:
 os.register_at_fork(after_in_child=_drop_inherited)
 
 
+def _open_lock(path: Path) -> int:
+    """A descriptor on the lock file ``path``, its folder made again when missing (a cleanup job
+    removed ``.locks/``: every reader needing an eviction crashed with FileNotFoundError)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+
 @contextlib.contextmanager
 def _flock(path: Path, mode: int) -> Iterator[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, mode)
         yield fd
@@ -176,7 +201,7 @@ def _flock(path: Path, mode: int) -> Iterator[int]:
 
 def _try_flock(path: Path, mode: int) -> int | None:
     """A descriptor holding ``mode | LOCK_NB`` on ``path``, or None when someone else holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, mode | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -190,11 +215,11 @@ class ShardCache:
 
     Args:
         cache_dir: the node's cache directory (created if missing); shared by all stores.
-        store_key: this store's folder name inside it (``key_for(url)``).
+        store_key: this store's folder name inside it (``key_for(url, manifest)``).
         fetch: ``fetch(url, dest_path)`` writes the object at ``url`` to ``dest_path``.
         limit: bytes the cache may hold (all stores together; ``parse_size`` strings), None: no limit.
-        wait_s: how long a reader waits for space (other readers' shards to be released)
-            before ``CacheFullError``.
+        wait_s: how long a reader waits for space (other processes' shards to be released)
+            before ``CacheFullError``. It never waits on its own process's leases: see ``acquire``.
 
     The constructor touches nothing on disk (it may run in a parent before workers fork).
     """
@@ -208,10 +233,13 @@ class ShardCache:
         self.wait_s = wait_s
 
     @staticmethod
-    def key_for(url: str) -> str:
-        """The folder name of a store's shards: readable, and unique per URL."""
+    def key_for(url: str, manifest: bytes = b"") -> str:
+        """The folder name of a store's shards: readable, unique per URL and per version of the store
+        (``manifest``: the bytes of its manifest.json). A store re-uploaded under the same URL gets
+        another folder, so a job still reading the old version does not stop a new one."""
         tail = re.sub(r"[^A-Za-z0-9._-]+", "_", url.rstrip("/").split("://")[-1])[-40:]
-        return f"{tail}-{hashlib.sha1(url.rstrip('/').encode()).hexdigest()[:10]}"
+        key = f"{tail}-{hashlib.sha1(url.rstrip('/').encode()).hexdigest()[:10]}"
+        return f"{key}-m{hashlib.sha256(manifest).hexdigest()[:10]}" if manifest else key
 
     # ---- paths --------------------------------------------------------------------------------
     @property
@@ -226,23 +254,53 @@ class ShardCache:
         return self.root / ".locks" / f"{spec.name}.{kind}"
 
     def _dirs(self) -> None:
-        for d in (self.root / ".locks", self.root / ".partial", self.dir / ".reserve"):
-            d.mkdir(parents=True, exist_ok=True)
+        """Make the cache's folders (again: a cleanup may have removed them).
+
+        Raises:
+            ShardCacheError: ``cache_dir`` is a file, or this process cannot write in it.
+        """
+        problem = ""
+        try:
+            for d in (self.root / ".locks", self.root / ".partial", self.dir / ".reserve"):
+                d.mkdir(parents=True, exist_ok=True)
+        except (NotADirectoryError, FileExistsError):
+            problem = "it, or a folder above it, is a file, not a folder"
+        except OSError as exc:
+            problem = f"it cannot be written ({exc.strerror or exc})"
+        else:
+            for d in (self.dir, self.root, self.root / ".locks", self.root / ".partial", self.dir / ".reserve"):
+                if not os.access(d, os.W_OK | os.X_OK):  # an existing folder: EACCES, or EROFS for root too
+                    why = "read-only file system" if _read_only(d) else "permission denied"
+                    problem = f"{d} cannot be written ({why})"
+                    break
+        if problem:
+            raise ShardCacheError(
+                f"{self.dir}: the shard cache folder cannot be used: {problem}.\nHINT: pass cache_dir= (or set "
+                "XDG_CACHE_HOME) to a writable folder on a local disk, shared by every process of the node; "
+                "each process creates and locks files in it.")
 
     # ---- public -------------------------------------------------------------------------------
     def cached(self, spec: ShardSpec) -> bool:
-        """Whether ``spec`` is in the cache, complete and of the manifest's sha256."""
-        meta = self._meta(self.path(spec))
+        """Whether ``spec`` is in the cache, complete, published against the manifest's sha256, and its
+        data.mdb still the file published then (size, mtime_ns, inode: one ``stat``)."""
+        meta = self._meta(self.path(spec), intact=True)
         return meta is not None and meta.get("sha256") == spec.sha256 and meta.get("size") == spec.size
 
-    def acquire(self, spec: ShardSpec) -> Lease:
+    def acquire(self, spec: ShardSpec, *, give_back: GiveBack | None = None) -> Lease:
         """``spec``'s shard, downloaded if needed, leased to this process until ``release()``.
+
+        A reader never waits on itself: when the room ``spec`` needs within ``limit`` is held only by
+        this process's own leases, ``give_back()`` is called (the reader releases one of its shards)
+        until it fits; when that gives nothing back, ``CacheFullError`` is raised at once, naming the
+        limit and the shard size (waiting could not help).
 
         Raises:
             ShardIntegrityError: the downloaded object's size or sha256 is not the manifest's
                 (twice in a row: the object was replaced or damaged in the bucket).
             CacheFullError: no room within ``limit`` (every other shard is leased) for
-                ``wait_s`` seconds, or the cache disk is full.
+                ``wait_s`` seconds, or at once when this process's own leases fill it, or the cache
+                disk is full.
+            ShardCacheError: ``cache_dir`` is a file or cannot be written.
             Whatever ``fetch`` raises (``RemoteStoreError`` for the real client).
         """
         self._dirs()
@@ -259,7 +317,7 @@ class ShardCache:
                         _STATS.hits += 1
                 return lease
             waited = True
-            self._download(spec, blocking=True)
+            self._download(spec, blocking=True, give_back=give_back)
 
     def prefetch(self, spec: ShardSpec) -> bool:
         """Download ``spec`` if absent, without waiting for space or for another downloader.
@@ -278,16 +336,24 @@ class ShardCache:
 
     # ---- internals ----------------------------------------------------------------------------
     @staticmethod
-    def _meta(path: Path) -> dict | None:
+    def _meta(path: Path, *, intact: bool = False) -> dict | None:
+        """The record of a shard the cache published at ``path`` itself (it names this very folder: a
+        copy made elsewhere by hand is not ours), or None. ``intact``: and data.mdb is still the file
+        published then (same size, mtime_ns, inode), not one swapped in or rewritten since."""
         try:
             meta = json.loads((path / CACHE_META).read_text())
-            size = (path / "data.mdb").stat().st_size
+            st = (path / "data.mdb").stat()
         except (OSError, ValueError):
             return None
-        return meta if isinstance(meta, dict) and meta.get("size") == size else None
+        if not isinstance(meta, dict) or meta.get("key") != path.parent.name or meta.get("name") != path.name:
+            return None
+        if intact and (meta.get("size") != st.st_size or meta.get("mtime_ns") != st.st_mtime_ns
+                       or meta.get("ino") != st.st_ino):
+            return None
+        return meta
 
     def _lease_if_cached(self, spec: ShardSpec) -> Lease | None:
-        fd = os.open(self._lock(spec, "lease"), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(self._lock(spec, "lease"))
         fcntl.flock(fd, fcntl.LOCK_SH)  # eviction holds LOCK_EX only while it deletes
         if not self.cached(spec):
             os.close(fd)
@@ -300,9 +366,9 @@ class ShardCache:
         _LIVE.add(lease)
         return lease
 
-    def _download(self, spec: ShardSpec, *, blocking: bool) -> bool:
+    def _download(self, spec: ShardSpec, *, blocking: bool, give_back: GiveBack | None = None) -> bool:
         dl = self._lock(spec, "dl")
-        fd = os.open(dl, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(dl)
         failed = dl.with_suffix(".failed")
         waiting_since = time.time()
         try:
@@ -314,7 +380,7 @@ class ShardCache:
                 return True
             self._replay_failure(failed, waiting_since)
             final = self.path(spec)
-            if final.exists():  # an older version of this shard (the manifest changed): replace it
+            if final.exists():  # an older version of this shard, or a damaged or swapped copy: replace it
                 if not self._evict_one(final):
                     if not blocking:
                         return False
@@ -322,7 +388,7 @@ class ShardCache:
                         f"{spec.url}: the cached copy at {final} has another sha256 than the manifest and "
                         "a reader still has it open.\nHINT: the store was rewritten while jobs read it; "
                         "restart the readers of the old version.")
-            reserve = self._reserve(spec, blocking)
+            reserve = self._reserve(spec, blocking, give_back)
             if reserve is None:
                 return False
             started = time.time()
@@ -401,8 +467,10 @@ class ShardCache:
                 _STATS.downloads += 1
                 _STATS.bytes_downloaded += max(size, 0)
             if size == spec.size and digest == spec.sha256:
+                st = data.stat()  # its identity, checked at each lease (a rename keeps inode and mtime)
                 (part_dir / CACHE_META).write_text(json.dumps(
-                    {"url": spec.url, "size": spec.size, "sha256": spec.sha256, "fetched": time.time()}))
+                    {"url": spec.url, "size": spec.size, "sha256": spec.sha256, "fetched": time.time(),
+                     "key": self.key, "name": spec.name, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}))
                 if unread:  # a prefetch: published with its marker, in the same rename
                     (part_dir / UNREAD).touch()
                 os.rename(part_dir, final)  # atomic: a shard is there whole or not at all
@@ -462,20 +530,35 @@ class ShardCache:
                 shutil.rmtree(part, ignore_errors=True)
                 os.close(fd)
 
-    def _reserve(self, spec: ShardSpec, blocking: bool) -> tuple[int, Path] | None:
-        """Room for ``spec`` within ``limit`` (evicting least-recently-used unleased shards)."""
+    def _reserve(self, spec: ShardSpec, blocking: bool, give_back: GiveBack | None = None
+                 ) -> tuple[int, Path] | None:
+        """Room for ``spec`` within ``limit`` (evicting least-recently-used unleased shards). When only this
+        process's own leases stand in the way, ``give_back()`` frees one and the room is sought again at
+        once; with nothing to give back, ``CacheFullError`` at once (waiting on itself could not help)."""
         path = self.dir / ".reserve" / f"{self.key}.{spec.name}.{os.getpid()}"
         deadline = time.monotonic() + self.wait_s
         while True:
             with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
                 self._clean_partials()
                 if self.limit is None or self._make_room(spec.size):
-                    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                    fd = _open_lock(path)
+                    os.ftruncate(fd, 0)
                     fcntl.flock(fd, fcntl.LOCK_EX)
                     os.write(fd, str(spec.size).encode())
                     return fd, path
+                own = self._held_here(spec.size) if blocking else None
             if not blocking:
                 return None
+            assert own is not None and self.limit is not None
+            if own[2]:  # the room is ours to free: nobody else will
+                if give_back is not None and give_back():
+                    continue
+                raise CacheFullError(
+                    f"{self.dir}: no room for {spec.url} ({spec.size:,} bytes) within cache_limit {self.limit:,} "
+                    f"bytes: this process itself holds {own[0]} shard(s) open ({own[1]:,} bytes), and waiting "
+                    "for them would never end.\nHINT: raise cache_limit to hold the shards one process reads at "
+                    f"once (shuffle window + prefetch, about {self.limit // max(spec.size, 1) + 3} shards of "
+                    f"{spec.size:,} bytes or more), or lower the window.")
             if time.monotonic() > deadline:
                 raise CacheFullError(
                     f"{self.dir}: no room for {spec.url} ({spec.size:,} bytes) within cache_limit "
@@ -498,6 +581,15 @@ class ShardCache:
                 used -= size
         return used + need <= self.limit
 
+    def _held_here(self, need: int) -> tuple[int, int, bool]:
+        """(shards, bytes) of the cached entries this process holds leases on, and whether ``need`` bytes
+        would fit within ``limit`` without them (called under the global lock)."""
+        mine = {os.path.abspath(lease.path) for lease in list(_LIVE) if lease.held}
+        entries = self._entries()
+        held = [size for p, size, _t in entries if os.path.abspath(p) in mine]
+        others = sum(size for _p, size, _t in entries) - sum(held) + self._reserved()
+        return len(held), sum(held), bool(held) and others + need <= (self.limit or 0)
+
     def _evict_one(self, shard: Path) -> bool:
         """Delete one cached shard unless a reader holds it; True when gone."""
         lease = shard.parent / ".locks" / f"{shard.name}.lease"
@@ -506,6 +598,7 @@ class ShardCache:
             return False
         try:
             gone = shard.parent / ".partial" / f"{shard.name}.evicted.{os.getpid()}"
+            gone.parent.mkdir(exist_ok=True)  # removed by a cleanup: the rename below would fail
             os.rename(shard, gone)  # out of sight at once, then deleted
             shutil.rmtree(gone, ignore_errors=True)
             return True
@@ -523,6 +616,14 @@ def _disk_full(exc: BaseException | None) -> bool:
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def _read_only(path: Path) -> bool:
+    """Whether ``path`` is on a read-only file system."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def sha256_file(path: Path) -> str:

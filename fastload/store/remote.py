@@ -13,7 +13,11 @@ choice is argued in docs/object-storage.md). Credentials and endpoint come only 
 standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_REGION``, ``GOOGLE_*``, ``AZURE_*``), read when a bucket is first used in a process.
 An ``http://`` endpoint is allowed because the user named it (``AWS_ALLOW_HTTP`` is then not
-needed). Retries: on transient errors (connection failures, 5xx, throttling; never on 4xx
+needed). For ``s3://``, when no credential source is set (``AWS_CREDENTIAL_VARS``) and the machine is
+not an EC2 instance (whose role obstore would ask its metadata endpoint for), the first use of a bucket
+fails at once with reason "credentials", naming the variables read: obstore would otherwise ask the
+metadata endpoint for ~10 s and report "cannot reach the endpoint".
+Retries: on transient errors (connection failures, 5xx, throttling; never on 4xx
 answers) each operation keeps retrying, with jittered exponential backoff (0.1 s growing to at
 most 2 s between tries), for a **retry budget** of ``RETRY_BUDGET_S`` seconds (30: an endpoint
 gone for 10-20 s, a server restart, is ridden out), then raises naming the URL. The budget comes
@@ -47,9 +51,9 @@ from typing import Any
 
 from fastload.errors import MissingDependencyError, RemoteStoreError
 
-__all__ = ["SCHEMES", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader", "put_bytes",
-           "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once", "delete",
-           "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config"]
+__all__ = ["SCHEMES", "AWS_CREDENTIAL_VARS", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader",
+           "put_bytes", "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once",
+           "delete", "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config"]
 
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
@@ -89,6 +93,45 @@ def retry_config(budget: float) -> dict:
     (the backoff is jittered, so a count of tries says little about the time they cover)."""
     return {"max_retries": 10 + int(budget * 10), "backoff": dict(_BACKOFF),
             "retry_timeout": timedelta(seconds=budget)}
+
+
+#: Where obstore takes S3 credentials from (besides an EC2 instance's metadata endpoint): a key pair, a web
+#: identity token (EKS), a container's credentials endpoint (ECS), a metadata endpoint the user named, or
+#: unsigned requests to a public bucket.
+AWS_CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_WEB_IDENTITY_TOKEN_FILE",
+                       "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                       "AWS_METADATA_ENDPOINT", "AWS_SKIP_SIGNATURE")
+#: Files that say "this is an EC2 instance" without a request (Nitro: DMI vendor; Xen: hypervisor uuid "ec2…").
+_EC2_MARKS = ("/sys/devices/virtual/dmi/id/sys_vendor", "/sys/devices/virtual/dmi/id/board_vendor",
+               "/sys/hypervisor/uuid")
+
+
+def _on_ec2() -> bool:
+    for mark in _EC2_MARKS:
+        with contextlib.suppress(OSError):
+            text = Path(mark).read_text().strip().lower()
+            if "amazon" in text or text.startswith("ec2"):
+                return True
+    return False
+
+
+def _no_credentials(loc: RemoteLocation) -> RemoteStoreError | None:
+    """The error for an ``s3://`` bucket with no credential source at all, or None (checked with no request)."""
+    if loc.scheme not in ("s3", "s3a"):
+        return None
+    env = {k: os.environ.get(k, "").strip() for k in AWS_CREDENTIAL_VARS}
+    if (env["AWS_ACCESS_KEY_ID"] and env["AWS_SECRET_ACCESS_KEY"]) or any(
+            env[k] for k in AWS_CREDENTIAL_VARS[3:7]) or env["AWS_SKIP_SIGNATURE"].lower() in ("true", "1") \
+            or _on_ec2():
+        return None
+    missing = "AWS_SECRET_ACCESS_KEY is not set" if env["AWS_ACCESS_KEY_ID"] else (
+        "AWS_ACCESS_KEY_ID is not set" if env["AWS_SECRET_ACCESS_KEY"] else "none of them is set")
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the provider's default endpoint"
+    return RemoteStoreError(
+        f"{loc}: no credentials found: fastload (through obstore) reads them only from the environment, "
+        f"{', '.join(AWS_CREDENTIAL_VARS)}; {missing}, and this machine is not an EC2 instance (no role to ask "
+        f"for).\nHINT: export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for {endpoint} (~/.aws/credentials "
+        "is not read); AWS_SKIP_SIGNATURE=true for a public bucket", url=str(loc), reason="credentials")
 
 
 _CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
@@ -180,6 +223,9 @@ def _store(loc: RemoteLocation, attempt_s: float | None = None, *, reads: bool =
     hit = _STORES.get(key)
     if hit is not None:
         return hit
+    missing = _no_credentials(loc)
+    if missing is not None:
+        raise missing
     try:
         from obstore.store import from_url
     except ImportError:

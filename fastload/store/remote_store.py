@@ -85,7 +85,8 @@ class RemoteStoreReader:
         cache_dir: the node's shard cache (default ``default_cache_dir()``).
         cache_limit: bytes the cache may hold, or a size string (``"20GB"``); None: no limit.
         verify: check each record against its crc32 (as local stores do).
-        open_shards: shards one process keeps leased at once (the default window, 4, and one more).
+        open_shards: shards one process keeps leased at once (the default window, 4, and one more);
+            fewer when ``cache_limit`` holds fewer (the oldest is given back rather than waited on).
         fetch: ``fetch(url, path)``, for tests; default ``store.remote.download_file``.
 
     Raises:
@@ -100,13 +101,16 @@ class RemoteStoreReader:
         self.path = str(url).rstrip("/") + "/"
         loc = remote.RemoteLocation.parse(self.path)
         where = str(loc.child(MANIFEST_NAME))
-        self.manifest = Manifest.from_json(remote.get_bytes(where), where=where)
+        raw = remote.get_bytes(where)
+        self.manifest = Manifest.from_json(raw, where=where)
         self.verify = verify
         self.classes = list(self.manifest.classes)
         self.offsets = [s.start for s in self.manifest.shards] + [self.manifest.num_samples]
         self.specs = [ShardSpec(name=s.name, url=str(loc.child(f"{s.name}/{SHARD_FILE}")), size=s.bytes,
                                 sha256=s.sha256) for s in self.manifest.shards]
-        self.cache = ShardCache(cache_dir or default_cache_dir(), store_key=ShardCache.key_for(self.path),
+        # the manifest in the key: a re-uploaded store is another folder, so the version a running job still
+        # reads and the one a new job reads live side by side (docs/streaming.md says how old ones go)
+        self.cache = ShardCache(cache_dir or default_cache_dir(), store_key=ShardCache.key_for(self.path, raw),
                                 fetch=fetch or _download, limit=cache_limit)
         self.open_shards = max(1, int(open_shards))
         self.prefetch_threads = prefetch_threads
@@ -156,11 +160,11 @@ class RemoteStoreReader:
                 self._open.move_to_end(i)
                 return hit
             while len(self._open) >= self.open_shards:  # give back the oldest first: it may be evicted
-                _j, (lease, _meta, _key) = self._open.popitem(last=False)
-                release(lease.path)
-                lease.release()
+                self._give_back_one()
             spec = self.specs[i]
-            lease = self.cache.acquire(spec)
+            # a cache_limit that holds fewer shards than open_shards: the cache asks for ours back rather
+            # than wait on them (this process would wait on itself for ever)
+            lease = self.cache.acquire(spec, give_back=self._give_back_one)
             try:
                 env = open_readonly(lease.path)
                 meta = read_meta(env, lease.path)
@@ -195,6 +199,16 @@ class RemoteStoreReader:
             # the path resolved once: open_readonly resolves it on every call (a few lstat per read)
             self._open[i] = (lease, meta, os.path.realpath(lease.path))
             return self._open[i]
+
+    def _give_back_one(self) -> bool:
+        """Release the shard this process used least recently (handle closed, lease given back); False
+        when it holds none. Called with ``self._lock`` held."""
+        if not self._open:
+            return False
+        _j, (lease, _meta, _key) = self._open.popitem(last=False)
+        release(lease.path)
+        lease.release()
+        return True
 
     def prefetch_shards(self, shards: list[int]) -> None:
         """Download these shards in the background (best effort: a reader that needs one waits for it)."""

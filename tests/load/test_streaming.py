@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -508,3 +509,38 @@ def test_two_readers_of_one_store_in_one_process(store_url, local_shards, tmp_pa
     a._reader.close()  # gives shard 0 back: this process's handle on its file is closed
     assert b.get_bytes(1) == local.get_bytes(1)
     assert [b[i][1] for i in range(len(b))] == [local[i][1] for i in range(len(local))]
+
+
+def test_a_limit_of_two_shards_with_one_sequential_reader_never_waits_on_itself(store_url, local_shards, tmp_path):
+    """The reader keeps up to 5 shards open; under a limit that holds ~2 it waited 120 s on its own leases,
+    then failed. It now gives its oldest back when the cache needs the room."""
+    local = fastload.LMDBImageDataset(local_shards)
+    biggest = max((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache", cache_limit=2 * biggest + biggest // 2)
+    ds._reader.cache.wait_s = 2.0  # before the fix: the wait on itself, shortened
+    for _round in range(2):
+        assert [ds.get_bytes(i) for i in range(len(ds))] == [local.get_bytes(i) for i in range(len(local))]
+        assert [ds[i][1] for i in range(len(ds))] == local.targets
+        assert ds._reader.cache.usage() <= 2 * biggest + biggest // 2
+
+
+def test_a_store_re_uploaded_while_an_old_job_holds_its_shards_is_read_beside_it(
+        store_url, local_shards, tiny_tree, tmp_path):
+    """A new job could not start while an old job on the node held the previous version of a re-uploaded
+    store (ShardIntegrityError on the cached copy); the manifest's identity in the cache key keeps both."""
+    old_local = fastload.LMDBImageDataset(local_shards)
+    old = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    assert old.get_bytes(0) == old_local.get_bytes(0)  # shard 0 of version 1, held open by the old job
+    tree = tmp_path / "tree"
+    shutil.copytree(tiny_tree, tree)
+    for f in sorted(tree.rglob("*.jpg"))[:2]:  # version 2: other files, same shard names
+        f.unlink()
+    new_local = sharded_store(tree, tmp_path / "v2", 3)
+    assert [p.name for p in sorted(new_local.iterdir()) if p.is_dir()] == \
+        [p.name for p in sorted(local_shards.iterdir()) if p.is_dir()]
+    publish(new_local, store_url)
+    new = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    new_ref = fastload.LMDBImageDataset(new_local)
+    assert [new.get_bytes(i) for i in range(len(new))] == [new_ref.get_bytes(i) for i in range(len(new_ref))]
+    assert new._reader.cache.key != old._reader.cache.key
+    assert old.get_bytes(1) == old_local.get_bytes(1)  # the old job reads on from its own version

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fastload.errors import CacheFullError, ShardIntegrityError
+from fastload.errors import CacheFullError, ShardCacheError, ShardIntegrityError
 from fastload.store.cache import CACHE_META, ShardCache, ShardSpec, parse_size, stats
 
 
@@ -365,3 +365,129 @@ def test_readers_queued_on_a_download_that_found_no_object_ask_themselves(tmp_pa
     for o in outcomes:
         if not isinstance(o, Exception):
             o.release()
+
+
+@pytest.mark.parametrize("how", ["copied over", "renamed over"])
+def test_a_cached_shard_swapped_with_another_of_the_same_size_is_downloaded_again(tmp_path, how):
+    """A data.mdb swapped with another shard's (same size) was served on a warm read: wrong pixels and labels.
+    Its identity (size, mtime_ns, inode) recorded at publish is checked at each lease: a stat, not a hash."""
+    specs = make_remote(tmp_path / "remote", 2)
+    fetch = CountingFetch(tmp_path / "log")
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=fetch)
+    for s in specs:
+        cache.acquire(s).release()
+    mine, other = cache.path(specs[0]) / "data.mdb", cache.path(specs[1]) / "data.mdb"
+    if how == "copied over":  # same inode, new bytes and mtime
+        shutil.copyfile(other, mine)
+    else:  # another inode (its mtime kept)
+        shutil.copy2(other, mine.with_name("swap"))
+        os.replace(mine.with_name("swap"), mine)
+    assert mine.read_bytes() == Path(specs[1].url).read_bytes()
+    lease = cache.acquire(specs[0])
+    assert (lease.path / "data.mdb").read_bytes() == Path(specs[0].url).read_bytes()
+    assert fetch.count() == {specs[0].name: 2, specs[1].name: 1}
+    lease.release()
+    cache.acquire(specs[0]).release()  # the fresh copy is trusted again: no third download
+    assert fetch.count() == {specs[0].name: 2, specs[1].name: 1}
+
+
+def test_a_hand_made_copy_of_a_cache_entry_is_never_counted_nor_evicted(tmp_path):
+    """A copy of the cache's own folder (its fastload-cache.json included) looked like cache entries, and
+    eviction deleted its shards (MosaicML Streaming's MDS#988 was this bug). Only an entry whose record
+    names the very folder it sits in is the cache's."""
+    specs = make_remote(tmp_path / "remote", 5, size=1000)
+    cache_dir = tmp_path / "cache"
+    cache = ShardCache(cache_dir, store_key="k", fetch=CountingFetch(tmp_path / "log"), limit=3000)
+    for s in specs[:2]:
+        cache.acquire(s).release()
+        time.sleep(0.01)
+    shutil.copytree(cache_dir / "k", cache_dir / "backup-copy")  # cp -a: the records and times come along
+    shutil.copytree(cache.path(specs[0]), cache_dir / "k" / "shard-00000-copy")  # beside the original
+    for s in specs[2:]:
+        time.sleep(0.01)
+        cache.acquire(s).release()
+        assert cache.usage() <= 3000
+    assert [cache.cached(s) for s in specs] == [False, False, True, True, True]
+    for copy in [cache_dir / "backup-copy" / s.name for s in specs[:2]] + [cache_dir / "k" / "shard-00000-copy"]:
+        assert (copy / "data.mdb").stat().st_size == 1000, copy
+
+
+def test_lock_and_partial_folders_removed_by_a_cleanup_are_made_again(tmp_path):
+    """A cleanup job removed another store's .locks/ (and .partial/): every reader that needed an eviction
+    crashed with FileNotFoundError, and a shard whose eviction could not rename it counted as gone."""
+    specs = make_remote(tmp_path / "remote", 4, size=1000)
+    fetch = CountingFetch(tmp_path / "log")
+    a = ShardCache(tmp_path / "cache", store_key="a", fetch=fetch, limit=2500)
+    b = ShardCache(tmp_path / "cache", store_key="b", fetch=fetch, limit=2500)
+    for s in specs[:2]:
+        a.acquire(s).release()
+    for gone in (".locks", ".partial"):
+        shutil.rmtree(tmp_path / "cache" / "a" / gone)
+    shutil.rmtree(tmp_path / "cache" / ".reserve")
+    for s in specs[2:]:
+        lease = b.acquire(s)
+        assert (lease.path / "data.mdb").read_bytes() == Path(s.url).read_bytes()
+        lease.release()
+        assert b.usage() <= 2500
+    assert [a.cached(s) for s in specs[:2]] == [False, False]
+    shutil.rmtree(tmp_path / "cache" / "b" / ".locks")  # and the store's own, between two leases
+    b.acquire(specs[2]).release()
+
+
+def test_a_reader_never_waits_on_its_own_leases(tmp_path):
+    """A limit that holds 2 shards, one reader keeping more open: it waited wait_s (120 s) on itself, then
+    failed. Now it gives its own oldest back when it can, and otherwise fails at once, naming the limit and
+    the shard size."""
+    specs = make_remote(tmp_path / "remote", 4, size=1000)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"), limit=2500,
+                       wait_s=3600)
+    held = [cache.acquire(specs[0]), cache.acquire(specs[1])]
+    with pytest.raises(CacheFullError, match=r"cache_limit 2,500 bytes: this process itself holds 2 shard\(s\) "
+                                             r"open \(2,000 bytes\).*\nHINT: raise cache_limit.*1,000 bytes"):
+        cache.acquire(specs[2])  # nothing to give back: waiting (an hour here) would never end
+    given = []
+
+    def give_back() -> bool:
+        if not held:
+            return False
+        given.append(held.pop(0))
+        given[-1].release()
+        return True
+
+    lease = cache.acquire(specs[2], give_back=give_back)
+    assert len(given) == 1 and cache.usage() <= 2500 and not cache.cached(specs[0])
+    held.append(lease)
+    held.append(cache.acquire(specs[3], give_back=give_back))
+    assert len(given) == 2 and [h.path.name for h in held] == [specs[2].name, specs[3].name]
+    for h in held:
+        h.release()
+
+
+def test_a_cache_dir_that_is_a_file_or_cannot_be_written_is_named(tmp_path):
+    specs = make_remote(tmp_path / "remote", 1)
+    a_file = tmp_path / "cache-file"
+    a_file.write_text("not a folder")
+    for where, problem in ((a_file, "is a file, not a folder"), (a_file / "below", "is a file, not a folder")):
+        cache = ShardCache(where, store_key="k", fetch=CountingFetch(tmp_path / "log"))
+        with pytest.raises(ShardCacheError, match=rf"{where}: the shard cache folder cannot be used: .*{problem}"
+                                                  r".*\nHINT: pass cache_dir="):
+            cache.acquire(specs[0])
+        with pytest.raises(ShardCacheError):
+            cache.prefetch(specs[0])
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    locked.chmod(0o555)
+    # root writes through permission bits: there, a folder where even root may create nothing (sysfs)
+    where = locked if not os.access(locked, os.W_OK) else Path("/sys/fastload-cache-test")
+    cache = ShardCache(where, store_key="k", fetch=CountingFetch(tmp_path / "log"))
+    with pytest.raises(ShardCacheError, match=rf"{where}: the shard cache folder cannot be used: .*cannot be "
+                                              r"written.*\nHINT"):
+        cache.acquire(specs[0])
+    locked.chmod(0o755)
+
+
+def test_the_store_key_holds_the_manifest_identity():
+    url = "s3://b/stores/x/"
+    assert ShardCache.key_for(url, b'{"v": 1}') == ShardCache.key_for(url.rstrip("/"), b'{"v": 1}')
+    assert ShardCache.key_for(url, b'{"v": 1}') != ShardCache.key_for(url, b'{"v": 2}')
+    assert ShardCache.key_for(url, b'{"v": 1}') != ShardCache.key_for("s3://b/stores/y/", b'{"v": 1}')

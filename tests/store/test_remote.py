@@ -306,3 +306,36 @@ def test_convert_to_or_from_a_url_that_is_not_a_supported_one_writes_nothing(url
     for cmd in (["verify", url], ["inspect", url]):
         r = CliRunner().invoke(main, cmd, catch_exceptions=False)
         assert r.exit_code == 1 and "not an object-store URL" in r.output, r.output
+
+
+def test_missing_credentials_are_named_at_once(monkeypatch):
+    """No credentials at all were reported as "cannot reach the endpoint" after ~10 s (obstore asked an EC2
+    metadata endpoint that is not there); now at once, naming the variables read, with no request made."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.setblocking(False)
+    for name in remote.AWS_CREDENTIAL_VARS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{srv.getsockname()[1]}")
+    monkeypatch.setenv(remote.RETRY_ENV, "1")
+    monkeypatch.setattr(remote, "_EC2_MARKS", ())  # whatever machine runs the test
+    monkeypatch.setattr(remote, "_STORES", {})
+    try:
+        for op in (lambda: remote.get_bytes("s3://bucket/key"), lambda: remote.stat("s3://bucket/key")):
+            with pytest.raises(RemoteStoreError, match=r"s3://bucket/key: no credentials found: .*AWS_ACCESS_KEY_ID, "
+                                                       r"AWS_SECRET_ACCESS_KEY.*none of them is set.*\nHINT: export "
+                                                       r"AWS_ACCESS_KEY_ID") as err:
+                op()
+            assert err.value.reason == "credentials"
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")  # half a pair
+        with pytest.raises(RemoteStoreError, match="AWS_SECRET_ACCESS_KEY is not set"):
+            remote.get_bytes("s3://bucket/key")
+        with pytest.raises(BlockingIOError):
+            srv.accept()  # nothing was asked of the endpoint
+    finally:
+        srv.close()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")  # a pair: the endpoint is asked (closed now: refused)
+    with pytest.raises(RemoteStoreError) as err:
+        remote.get_bytes("s3://bucket/key")
+    assert err.value.reason == "endpoint", str(err.value)
