@@ -156,6 +156,13 @@ class Track:
                 self.meta[attr] = value
         dataset = getattr(loader, "dataset", None)
         self.meta["dataset"] = None if dataset is None else _samples.dataset_key(dataset)
+        if dataset is not None and "torchvision" in sys.modules:  # the store advice: its folder, files, preset
+            from fastload.profiling import _uint8
+
+            try:
+                self.meta["image_folder"] = _uint8.describe(dataset)
+            except Exception as exc:  # noqa: BLE001 - the user's dataset, any state: advice only, never the run
+                self.meta["image_folder"] = {"refused": f"{type(exc).__name__}: {exc}"}
         self.meta["created_at"] = getattr(loader, "_fastload_created_at", None)  # the user's DataLoader(...) line
         # [start, wait, total, images, process CPU s, main-thread CPU s, run-queue s]: the CPU figures cover
         # the step's own part (from next() returning to the next call), i.e. the training process's compute;

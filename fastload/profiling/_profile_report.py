@@ -168,7 +168,7 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
                    "backend": meta.get("backend"),
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
                    "created_at": meta.get("created_at"), "iterated_at": meta.get("iterated_at"),
-                   "dataset": meta.get("dataset"),
+                   "dataset": meta.get("dataset"), "image_folder": meta.get("image_folder"),
                    "prefetch_factor": meta.get("prefetch_factor"), "batch_size": meta.get("batch_size"),
                    "persistent_workers": meta.get("persistent_workers"), "batch_bytes": batch_bytes,
                    "worker_cpu_util": util, "worker_cpu_util_mean": sum(util) / len(util) if util else None,
