@@ -121,8 +121,13 @@ def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, An
                 **({"bound": True} if s["loader"].get("backend") == "threads" else {})}  # no thread model: a bound
     if only not in (None, "num_workers"):
         return None
+    recs = s["recommendations"]
+    no_gain = only is None and recs and recs[0].get("stage") is None and recs[0]["expected_gain"] <= 1.0
     for p in s.get("predictions", []):
         if "num_workers" in p.get("apply", {}) and p["apply"]["num_workers"] != s["loader"]["num_workers"]:
+            if no_gain and p["expected_gain"] > 1.0:  # one prediction per run: the recommendation's "no gain", not the model's figure beside it
+                p = {k: v for k, v in p.items() if k != "bound"}
+                p.update(expected_gain=recs[0]["expected_gain"], advice=True)
             return {**p, "verify_why": "no recommendation to apply: checking the prediction that this worker "
                                        "count does not help" if only is None else
                                        "asked for (--verify-change) though not recommended: checking its prediction"}
@@ -410,7 +415,17 @@ def _recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[
                    "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
                           "4x the bytes through worker queues)"
                           + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
-                   "expected_gain": gain(tb_u8, tcpu_u8, n_after) if has_gpu else 1.0, "code": uint8_snippet(created)}
+                   "expected_gain": 1.0, "code": uint8_snippet(created)}
+            # one prediction per run: the figure is the presets alone at today's worker count (what --verify-fix
+            # applies), normalised on the device where there is one, else in the training process; where the
+            # rerun would normalise elsewhere (a GPU this script does not use) that figure is said here too
+            u = s.get("uint8_presets") or {}
+            variant = u.get("device") if has_gpu else u.get("main process")
+            rec["expected_gain"] = variant if variant is not None else gain(tb_u8, tcpu_u8, n_after) if has_gpu else 1.0
+            if has_gpu and not cuda and u.get("main process") is not None:
+                rec["verify_part"] = "normalising in the training process (this script used no CUDA)"
+                rec["why"] += (f"; --verify-fix normalises in the training process, as this script uses no CUDA: "
+                               f"predicted {u['main process']:.2f}x for that")
             if loader.get("dataset") in FOLDER_DATASETS:  # --verify-fix can swap it in (_uint8.py)
                 rec.update(apply={"uint8_presets": True}, verify_gain=s["uint8_presets"])
             recs.append(rec)
@@ -444,6 +459,11 @@ def _recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[
                                "help" if cap < 1.02 else ""),
                      "expected_gain": cap, "bound": True})
     recs.sort(key=lambda r: -r["expected_gain"])
+    # the store's lines include num_workers="auto": within 2% of the best (both at the same cap), it comes first
+    store = next((r for r in recs if r.get("stage") == "store"), None)
+    if store is not None and store["expected_gain"] >= recs[0]["expected_gain"] / 1.02:
+        recs.remove(store)
+        recs.insert(0, store)
     if storage_verdict:
         return "; ".join([storage_verdict, where, *details]), recs
     if cpu_bound_verdict:

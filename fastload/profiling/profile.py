@@ -404,6 +404,8 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
 
     base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
             "predicted": pick["expected_gain"], "predicted_is_bound": bool(pick.get("bound")),
+            **({"predicted_for": pick["verify_part"]} if pick.get("verify_part") else {}),
+            **({"predicted_is_advice": True} if pick.get("advice") else {}),
             "profile": str(vdir / "profile.json")}
     def failed(result: dict[str, Any], which: str) -> dict[str, Any] | None:
         """A rerun that ended on its own with a failure status is no measurement of the change."""
@@ -434,6 +436,8 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
                     "is measured. Apply it by hand and compare the two runs with "
                     "`fastload profile compare A/profile.json B/profile.json`"}
     base["predicted"], assumption = _recommend.verify_prediction(pick, applied)
+    if base["predicted"] == pick["expected_gain"]:
+        base.pop("predicted_for", None)  # the recommendation's own figure: nothing to tell apart
     if assumption:
         base["assumption"] = assumption
     pairs = [(summary, changed)]
@@ -442,9 +446,9 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
         for result, which in zip(pairs[-1], (f"round-{i} baseline", f"round-{i} changed")):
             if (bad := failed(result, which)) is not None:
                 return bad
-    judged = compare_rounds(pairs)
+    judged = compare_rounds(pairs, base["predicted"])
     measured = judged["ratio"]
-    return {**base, "applied": applied, "measured": measured,
+    return {**base, "applied": applied, "measured": measured, "too_noisy": judged["too_noisy"],
             "error": measured / base["predicted"] - 1.0 if base["predicted"] and measured else None,
             "outside_noise": judged["outside_noise"], "noise": judged["noise"],
             "round_ratios": judged["round_ratios"], "baseline_drift": judged["baseline_drift"],
