@@ -584,7 +584,15 @@ def _patch_dataloader(*_: Any) -> None:
     def __init__(self, *args, **kwargs):
         workers = kwargs.get("num_workers", args[5] if len(args) > 5 else 0)
         if isinstance(workers, str):
-            raise TypeError(check_num_workers(type(self), workers))
+            message = check_num_workers(type(self), workers)
+            rec = _RECORDER
+            if rec is not None and rec.out is not None:  # `fastload profile` names it after the command ends
+                try:
+                    rec.out.mkdir(parents=True, exist_ok=True)
+                    (rec.out / f"failure-rank{rec.rank}-{os.getpid()}.txt").write_text(message)
+                except OSError:
+                    pass
+            raise TypeError(message)
         if "_fastload_created_at" not in self.__dict__:  # a subclass's __init__ calling ours: the outer call named it
             site = _construction_site(self, 2)
             if site is not None:

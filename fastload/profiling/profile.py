@@ -266,6 +266,9 @@ def summarize_dir(out: Path, machine_load: dict[str, Any] | None = None) -> tupl
     ranks, samples = report.read_files(out)
     ranks = {r: p for r, p in ranks.items() if any(t["steps"] for t in p["tracks"])}
     if not ranks:
+        failures = sorted({p.read_text() for p in out.glob("failure-rank*.txt")})
+        if failures:  # the probe's own check stopped the script (num_workers="auto" given to torch's DataLoader)
+            raise ProfileError(f"{out}: the command ran no measured loader steps: " + "\n".join(failures))
         raise ProfileError(f"{out}: the command ran no measured loader steps (no DataLoader iterated to a second "
                            "batch).\nHINT: a custom loader that is not a torch DataLoader needs "
                            "`for batch in fastload.watch(loader):` in the script")
@@ -360,7 +363,7 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
 
 
 def _clear(out: Path) -> None:
-    for pattern in ("probe-rank*.json", "samples-rank*.json", "steps-rank*.jsonl"):
+    for pattern in ("probe-rank*.json", "samples-rank*.json", "steps-rank*.jsonl", "failure-rank*.txt"):
         for stale in out.glob(pattern):
             stale.unlink()
 

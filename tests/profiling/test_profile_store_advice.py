@@ -226,3 +226,17 @@ def test_verify_fix_of_the_store_advice_quotes_its_one_prediction(tmp_path):
     assert quoted in line
     rec_lines = proc.stdout.split("recommendations:")[1].split("verify-fix:")[0]
     assert quoted in rec_lines  # the recommendation's line says the same figure
+
+
+def test_a_profile_run_names_num_workers_auto_given_to_torchs_dataloader(tmp_path):
+    script = tmp_path / "auto.py"
+    script.write_text("import torch\nloader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, "
+                      "num_workers='auto')\nfor x in loader:\n    pass\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("FASTLOAD_PROFILE_OUT", None)
+    proc = subprocess.run([sys.executable, "-m", "fastload.cli", "profile", "--out", str(tmp_path / "out"), "--",
+                           sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    error = proc.stderr[proc.stderr.index("error:"):]
+    assert "num_workers=\"auto\" is fastload's" in error and "from fastload import DataLoader" in error
+    assert "fastload.watch" not in error  # not the custom-loader hint
