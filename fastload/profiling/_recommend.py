@@ -106,11 +106,12 @@ def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, An
     """What ``--verify-fix`` applies: the top recommendation fastload can apply from outside, else (nothing
     to apply, e.g. CPU-bound training) the worker count a user would try, with its predicted ratio.
 
-    ``only`` (``--verify-change``): the top recommendation that changes that (``num_workers``, ``pin_memory``,
-    ``uint8_presets``), else its prediction (a worker count, or the uint8 presets on their own).
+    ``only`` (``--verify-change``): the top recommendation that changes that alone (``num_workers``, ``pin_memory``,
+    ``uint8_presets``; not the store's, which also sets the workers), else its prediction (a worker count, or the
+    uint8 presets on their own).
     """
-    for r in s["recommendations"]:
-        if r.get("apply") and (only is None or only in r["apply"]):
+    for r in s["recommendations"]:  # with ``only``: a recommendation that changes that alone (not the store's)
+        if r.get("apply") and (only is None or set(r["apply"]) == {only}):
             return {**r, "verify_why": "the top recommendation that can be applied from outside" if only is None
                     else f"the top recommendation that changes {only}"}
     if only == "uint8_presets" and s.get("uint8_presets"):

@@ -9,7 +9,9 @@ wrap that hands the user's unmodified loop the batch it had: float32, normalised
 mean/std, the same shape, int64 labels. The conversion runs on the CUDA device when this process
 uses one (``DevicePrefetcher``'s side-stream copy, the batch is then on that device), else in the
 training process right after each batch arrives: without CUDA the normalising moves from the
-loader's workers into the training process.
+loader's workers into the training process. Also what the store advice needs of such a dataset
+(``describe``: its folder, a few of its files, the preset or why none) and the preset's CPU time
+per sample on those files, timed in the profiler's own process after the run (``time_presets``).
 
 What is translated (torchvision v1 or v2 classes, nested ``Compose`` flattened):
 ``RandomResizedCrop(s)`` [+ ``RandomHorizontalFlip(p)``] -> ``train_transform(s, scale, ratio, flip_p)``;
