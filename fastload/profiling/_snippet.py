@@ -2,7 +2,8 @@
 
 Owns: finding the ``DataLoader(...)`` call the probe saw constructed (``created_at``: file and line),
 and rewriting its keyword arguments (``num_workers``, ``pin_memory``) as a copy-paste snippet, with
-``from fastload import DataLoader`` where the change needs fastload's loader (``num_workers="auto"``).
+``from fastload import DataLoader`` where the change needs fastload's loader (``num_workers="auto"``);
+and the store advice's lines for the user's own folder (the ``convert`` command, the store beside it).
 The call is located with :mod:`ast` and edited as text, so the user's own formatting is kept.
 
 Must not: write to the user's files, run or import their code, import torch.

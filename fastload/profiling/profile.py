@@ -25,7 +25,9 @@ gets ``GRACE_S`` to end before it is killed; what was measured is then written a
 ``fastload profile`` exits with the command's status. ``--verify-fix`` reruns the command with the
 top change applied to the training loader from outside (``_probe.APPLICABLE``; the uint8 presets on a
 torchvision ImageFolder: ``_uint8.py``) and compares (``_profile_compare.py``) with the prediction for
-what the rerun applied (``_recommend.verify_prediction``).
+what the rerun applied (``_recommend.verify_prediction``). ``_MachineLoad`` measures what other processes
+took of the CPUs while the command ran, for the verdict on a shared machine; the store advice's preset is
+timed on the user's own files in this process after the run (``summarize_dir``).
 
 Must not: edit the user's files, import torch at import time, or print (the CLI prints).
 """
