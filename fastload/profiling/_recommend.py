@@ -158,9 +158,10 @@ def _workers_value(n: int, plan_workers: int) -> Any:
 
 def own_machine(s: dict[str, Any]) -> dict[str, Any]:
     """The summary as it would read with no other process on the CPUs: the samples' and the step's waits for a
-    CPU removed (a sample's wall time loses its run-queue part; what is left keeps its CPU and blocked times);
-    the step keeps the CPUs it wanted (``wanted_cores``: its CPU time plus its threads' wait for one) and its
-    measured wall time (a step that got its CPUs would be no slower)."""
+    CPU removed (a sample's wall time loses its run-queue part; what is left keeps its CPU and blocked times;
+    with 0 workers the step's data wait loses it too, so the gains are against the step on a quiet machine);
+    the step's own part keeps the CPUs it wanted (``wanted_cores``: its CPU time plus its threads' wait for one)
+    and its measured wall time (a step that got its CPUs would be no slower)."""
     q = {**s, "machine_load": None}
     sm = s.get("samples")
     rq = (sm or {}).get("runqueue_share") or 0.0
@@ -169,6 +170,16 @@ def own_machine(s: dict[str, Any]) -> dict[str, Any]:
                         "cpu_share": min(1.0, sm["cpu_share"] / (1 - rq)),
                         **({"blocked_share": min(1.0, sm["blocked_share"] / (1 - rq))}
                            if sm.get("blocked_share") is not None else {})}
+        if s["loader"]["num_workers"] == 0 and s["steps_per_s"]:
+            # loading in the training process: its wait for a CPU was part of each step's data wait, so the step
+            # on the machine as your own is shorter by it (and the gains are against that step, not the loaded one)
+            T = 1.0 / s["steps_per_s"]
+            waited = min(s["data_wait_fraction"] * T, s["images_per_step"] * sm["per_sample_ms"] * rq / 1e3)
+            T_own = T - waited
+            q["steps_per_s"] = 1.0 / T_own
+            for key in ("data_wait_fraction", "input_bound_idle_fraction", "gpu_idle_fraction"):
+                if key != "gpu_idle_fraction" or s["idle_source"] == "host-clock":
+                    q[key] = max(0.0, s[key] * T - waited) / T_own
     if s.get("step_cpu"):
         q["step_cpu"] = {**s["step_cpu"], "runqueue_share": 0.0}
     return q

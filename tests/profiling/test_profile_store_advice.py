@@ -29,9 +29,12 @@ IMAGE_FOLDER = "torchvision.datasets.folder.ImageFolder"
 def _summary(*, root: str | None = "/data/train", measured: dict | None = None, workers: int = 0,
              rq: float = 0.0, step_rq: float = 0.0, other_cpus: float | None = None) -> dict:
     """0 workers, 2 CPUs, a 100 ms step of which the loop waits 80 ms: 8 samples of 10 ms, decode 60% and
-    transforms 30% of each (ToTensor/Normalize 10%), a single-threaded step."""
-    s = {"data_wait_fraction": 0.8, "gpu_idle_fraction": 0.8, "input_bound_idle_fraction": 0.8,
-         "idle_source": "host-clock", "steps_per_s": 10.0, "images_per_step": 8,
+    transforms 30% of each (ToTensor/Normalize 10%), a single-threaded step. ``rq``: the samples also waited
+    for a CPU that share of their time (their 10 ms of work took 10 / (1 - rq) ms: the step is that much longer)."""
+    loading = 8 * 10.0 / (1 - rq) / 1e3
+    wait = loading / (0.02 + loading)
+    s = {"data_wait_fraction": wait, "gpu_idle_fraction": wait, "input_bound_idle_fraction": wait,
+         "idle_source": "host-clock", "steps_per_s": 1 / (0.02 + loading), "images_per_step": 8,
          "step_cpu": {"cores": 1.0, "wanted_cores": 1.0, "runqueue_share": step_rq},
          "loader": {"num_workers": workers, "cpus_per_process": 2, "pinned": None, "created_at": None,
                     "worker_cpu_util_mean": 0.9 if workers else None, "dataset": IMAGE_FOLDER,
