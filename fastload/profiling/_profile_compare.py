@@ -14,7 +14,8 @@ two runs (a 1.50x "outside the noise" was that drift). ``compare_rounds`` takes 
 pairs run interleaved (A1 B1 A2 B2 ...): the measured ratio is the geometric mean of the rounds' B/A
 ratios, and the noise is the larger of the spread of those ratios (max - min) and the drift of the
 baseline runs (max / min - 1). The difference is called real only when every round moves the same
-way and ``|ratio - 1|`` exceeds that noise.
+way and ``|ratio - 1|`` exceeds that noise; rounds that disagree by more than ``TOO_NOISY`` times, or
+straddle both 1.0 and the prediction, are "cannot tell" (``too_noisy``), not a measurement.
 
 Must not: run anything, import torch.
 """
@@ -89,7 +90,8 @@ def compare_figures(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 TOO_NOISY = 1.5  #: rounds whose B/A ratios differ by more than this factor measure the machine, not the change
 
 
-def compare_rounds(pairs: list[tuple[dict[str, Any], dict[str, Any]]], predicted: float | None = None) -> dict[str, Any]:
+def compare_rounds(pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+                   predicted: float | None = None) -> dict[str, Any]:
     """Baseline/changed ``(A, B)`` profiles of interleaved rounds: the B/A ratio and whether it is outside the
     run-to-run noise (see the module doc). Needs at least two rounds to judge; with one, ``outside_noise`` is
     None (unknown), never True.

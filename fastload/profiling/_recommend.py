@@ -126,7 +126,8 @@ def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, An
     no_gain = only is None and recs and recs[0].get("stage") is None and recs[0]["expected_gain"] <= 1.0
     for p in s.get("predictions", []):
         if "num_workers" in p.get("apply", {}) and p["apply"]["num_workers"] != s["loader"]["num_workers"]:
-            if no_gain and p["expected_gain"] > 1.0:  # one prediction per run: the recommendation's "no gain", not the model's figure beside it
+            # one prediction per run: the recommendation's "no gain", not the model's figure it would not promise
+            if no_gain and p["expected_gain"] > 1.0:
                 p = {k: v for k, v in p.items() if k != "bound"}
                 p.update(expected_gain=recs[0]["expected_gain"], advice=True)
             return {**p, "verify_why": "no recommendation to apply: checking the prediction that this worker "
