@@ -3,7 +3,8 @@
 A pytest plugin (loaded by ``tests/conftest.py``):
 
 * ``s3_server`` (session): one ``weed mini`` bound to 127.0.0.1 only, on free ports (several
-  test runs share the machine: never a fixed port), its data in a temporary folder; stopped
+  test runs share the machine: never a fixed port), its data and its Unix sockets (weed puts them in
+  ``/tmp/seaweedfs-*-<port>.sock`` by default, shared across network namespaces) in a temporary folder; stopped
   at the end of the session. While a test uses it (directly or through another fixture),
   ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` and ``AWS_REGION``
   point at it, and are restored after that test.
@@ -106,7 +107,12 @@ class S3Server:
     def start(self) -> None:
         args = [self.weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
                 "-webdav=false", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-master.telemetry=false"]
+                "-master.telemetry=false",
+                # weed's Unix sockets default to /tmp/seaweedfs-{filer,s3}-<port>.sock: a path, shared by every
+                # network namespace on the machine, so two servers on the same port (each in its own namespace,
+                # as .ci/run and docs/convert-at-scale.md run them) took each other's; kept in the data folder
+                f"-filer.localSocket={self.data / 'filer.sock'}", f"-s3.localFilerSocket={self.data / 'filer.sock'}",
+                f"-s3.localSocket={self.data / 's3.sock'}"]
         args += [f"-{name if '.' in name else name + '.port'}={port}" for name, port in self.ports.items()]
         self.log = self.data.parent / "weed.log"
         env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)

@@ -31,10 +31,12 @@ PROFILE = "fastload.profiling.profile:ProfileOptions"
               help="Rerun with the training loader replaying its first batches from memory: the perfect-loader bound.")
 @click.option("--verify-fix", is_flag=True,
               help="Rerun with the top change fastload can apply from outside (worker count, pin_memory, the uint8 "
-                   "presets on a torchvision ImageFolder) and print predicted vs measured.")
+                   "presets on a torchvision ImageFolder; of the store advice, its presets on the files: the store "
+                   "itself is the convert) and print predicted vs measured, or 'cannot tell' when the rounds "
+                   "disagree.")
 @click.option("--verify-change", type=click.Choice(["num_workers", "pin_memory", "uint8_presets"]), default=None,
               help="Implies --verify-fix: verify this change instead of the top one (the top recommendation that "
-                   "makes it, else its prediction, e.g. one that says it will not help).")
+                   "makes it alone, else its prediction, e.g. one that says it will not help).")
 @click.option("--kineto-steps", type=click.IntRange(min=0), default=Default(PROFILE, "kineto_steps"),
               show_default=True,
               help="On CUDA, steps traced with torch.profiler for the GPU timeline (0: off).")

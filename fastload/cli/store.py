@@ -285,6 +285,8 @@ def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
         store = Path(store)
     info = inspect_store(store)
     advice = None
+    if info["complete"] and not remote:
+        info.update(_disk_size(store))
     if advise and info["complete"] and info["count"] and not remote:
         advice = _advice(store, train_size)
         info["max_side_advice"] = advice if isinstance(advice, str) else advice.to_json()
@@ -298,6 +300,14 @@ def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
                + (f", {info['shards']} shards" if info["shards"] else ""))
     click.echo(f"  samples   {info['count']}  ({info['bytes'] / 1e6:.1f} MB, {info['bytes_per_image'] / 1e3:.1f} kB "
                f"an image, {info['skipped']} skipped at conversion)")
+    if info.get("disk_bytes"):
+        click.echo(f"  on disk   {info['disk_bytes'] / 1e6:.1f} MB in {info['disk_files']} LMDB file"
+                   + ("s" if info["disk_files"] > 1 else "") + " (the records above, plus LMDB's pages and free space)"
+                   + ("" if not info.get("min_cache_limit") else
+                      f"; in object storage, read by shards: cache_limit at least {info['min_cache_limit'] / 1e6:.1f} "
+                      f"MB per rank on a node for the default window (its {info['min_cache_shards']} largest shards: "
+                      f"the window, the next one prefetched, one more; more with many workers: docs/streaming.md), "
+                      f"{info['disk_bytes'] / 1e6:.1f} MB to keep the whole store"))
     click.echo(f"  source    {info['source']['kind']} {info['source']['path']}")
     click.echo(f"  encodings {', '.join(f'{k} {v}' for k, v in info['encodings'].items())}")
     click.echo(f"  stored as {', '.join(f'{k} {v}' for k, v in info['stored_as'].items())}")
@@ -309,6 +319,21 @@ def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
         click.echo(f"    {n:8d}  {name}")
     if advice is not None:
         click.echo(f"  size      {advice if isinstance(advice, str) else advice.message(info['source']['path'])}")
+
+
+def _disk_size(store: Path) -> dict:
+    """The store's LMDB files on disk (a record count understates them: LMDB's pages, free space) and, for a
+    sharded store, the smallest ``cache_limit`` that holds what one rank reads by shards with the default window
+    (``2 * window + 1`` shards, the largest: the window being read, the next one prefetched, one more)."""
+    from fastload.load.shards import DEFAULT_WINDOW
+
+    files = sorted(store.glob("shard-*/data.mdb")) or [p for p in (store / "data.mdb",) if p.is_file()]
+    sizes = sorted((p.stat().st_size for p in files), reverse=True)
+    out = {"disk_bytes": sum(sizes), "disk_files": len(sizes)}
+    if len(sizes) > 1:
+        need = sizes[:2 * DEFAULT_WINDOW + 1]
+        out.update(min_cache_limit=sum(need), min_cache_shards=len(need))
+    return out
 
 
 @click.command("dataset")

@@ -54,8 +54,8 @@ class LMDBImageDataset(torch.utils.data.Dataset):
             of a sharded store in object storage (``s3://bucket/store/``, ``gs://``, ``az://``):
             its shards are fetched whole into a node-local cache as they are read
             (``store/cache.py``), and ``fastload.DataLoader`` reads it with a ``ShardSampler``.
-        cache_dir, cache_limit: for a URL: the node's shard cache directory (default
-            ``~/.cache/fastload/shards``) and the bytes it may hold (``"20GB"``; default no limit).
+        cache_dir: for a URL: the node's shard cache directory (default ``~/.cache/fastload/shards``).
+        cache_limit: for a URL: the bytes that cache may hold (``"20GB"``; default no limit).
         transform: applied to the PIL image; a fastload preset (``train_transform()``,
             ``eval_transform()``) gets the stored bytes instead and uses the fast path.
         target_transform: applied to the label.

@@ -156,6 +156,13 @@ class Track:
                 self.meta[attr] = value
         dataset = getattr(loader, "dataset", None)
         self.meta["dataset"] = None if dataset is None else _samples.dataset_key(dataset)
+        if dataset is not None and "torchvision" in sys.modules:  # the store advice: its folder, files, preset
+            from fastload.profiling import _uint8
+
+            try:
+                self.meta["image_folder"] = _uint8.describe(dataset)
+            except Exception as exc:  # noqa: BLE001 - the user's dataset, any state: advice only, never the run
+                self.meta["image_folder"] = {"refused": f"{type(exc).__name__}: {exc}"}
         self.meta["created_at"] = getattr(loader, "_fastload_created_at", None)  # the user's DataLoader(...) line
         # [start, wait, total, images, process CPU s, main-thread CPU s, run-queue s]: the CPU figures cover
         # the step's own part (from next() returning to the next call), i.e. the training process's compute;
@@ -577,7 +584,15 @@ def _patch_dataloader(*_: Any) -> None:
     def __init__(self, *args, **kwargs):
         workers = kwargs.get("num_workers", args[5] if len(args) > 5 else 0)
         if isinstance(workers, str):
-            raise TypeError(check_num_workers(type(self), workers))
+            message = check_num_workers(type(self), workers)
+            rec = _RECORDER
+            if rec is not None and rec.out is not None:  # `fastload profile` names it after the command ends
+                try:
+                    rec.out.mkdir(parents=True, exist_ok=True)
+                    (rec.out / f"failure-rank{rec.rank}-{os.getpid()}.txt").write_text(message)
+                except OSError:
+                    pass
+            raise TypeError(message)
         if "_fastload_created_at" not in self.__dict__:  # a subclass's __init__ calling ours: the outer call named it
             site = _construction_site(self, 2)
             if site is not None:

@@ -14,7 +14,8 @@ two runs (a 1.50x "outside the noise" was that drift). ``compare_rounds`` takes 
 pairs run interleaved (A1 B1 A2 B2 ...): the measured ratio is the geometric mean of the rounds' B/A
 ratios, and the noise is the larger of the spread of those ratios (max - min) and the drift of the
 baseline runs (max / min - 1). The difference is called real only when every round moves the same
-way and ``|ratio - 1|`` exceeds that noise.
+way and ``|ratio - 1|`` exceeds that noise; rounds that disagree by more than ``TOO_NOISY`` times, or
+straddle both 1.0 and the prediction, are "cannot tell" (``too_noisy``), not a measurement.
 
 Must not: run anything, import torch.
 """
@@ -86,15 +87,23 @@ def compare_figures(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
             sb["mean_s"] - sa["mean_s"], "step_diff_se_s": se}
 
 
-def compare_rounds(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+TOO_NOISY = 1.5  #: rounds whose B/A ratios differ by more than this factor measure the machine, not the change
+
+
+def compare_rounds(pairs: list[tuple[dict[str, Any], dict[str, Any]]],
+                   predicted: float | None = None) -> dict[str, Any]:
     """Baseline/changed ``(A, B)`` profiles of interleaved rounds: the B/A ratio and whether it is outside the
     run-to-run noise (see the module doc). Needs at least two rounds to judge; with one, ``outside_noise`` is
-    None (unknown), never True."""
+    None (unknown), never True.
+
+    ``too_noisy`` (then nothing is measured: "cannot tell"): the largest round ratio is more than ``TOO_NOISY``
+    times the smallest, or the rounds straddle both 1.0 and ``predicted`` (they cannot tell the change from no
+    change, nor from the prediction)."""
     ratios = [b["images_per_s"] / a["images_per_s"] for a, b in pairs if a["images_per_s"] > 0]
     base = [a["images_per_s"] for a, _ in pairs if a["images_per_s"] > 0]
     if not ratios:
         return {"ratio": float("nan"), "round_ratios": [], "noise": None, "baseline_drift": None,
-                "outside_noise": None}
+                "outside_noise": None, "too_noisy": None}
     ratio = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if all(r > 0 for r in ratios) else 0.0
     spread = max(ratios) - min(ratios)
     drift = max(base) / min(base) - 1.0
@@ -103,8 +112,13 @@ def compare_rounds(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[s
     if len(ratios) >= 2:
         same_way = all(r > 1 for r in ratios) or all(r < 1 for r in ratios)
         outside = same_way and abs(ratio - 1.0) > noise
+    too_noisy = None
+    if len(ratios) >= 2:
+        lo, hi = min(ratios), max(ratios)
+        straddles = predicted is not None and lo < 1.0 < hi and lo < predicted < hi
+        too_noisy = (lo <= 0 or hi / lo > TOO_NOISY or straddles) and not outside
     return {"ratio": ratio, "round_ratios": ratios, "noise": noise, "ratio_spread": spread,
-            "baseline_drift": drift, "outside_noise": outside}
+            "baseline_drift": drift, "outside_noise": outside, "too_noisy": too_noisy}
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:

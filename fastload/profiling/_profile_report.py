@@ -168,7 +168,7 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
                    "backend": meta.get("backend"),
                    "pin_memory": meta.get("pin_memory"), "pinned": track["pinned"],
                    "created_at": meta.get("created_at"), "iterated_at": meta.get("iterated_at"),
-                   "dataset": meta.get("dataset"),
+                   "dataset": meta.get("dataset"), "image_folder": meta.get("image_folder"),
                    "prefetch_factor": meta.get("prefetch_factor"), "batch_size": meta.get("batch_size"),
                    "persistent_workers": meta.get("persistent_workers"), "batch_bytes": batch_bytes,
                    "worker_cpu_util": util, "worker_cpu_util_mean": sum(util) / len(util) if util else None,
@@ -290,12 +290,20 @@ def format_summary(s: dict[str, Any]) -> str:
         judged = ("outside the noise" if v["outside_noise"] else "within the noise: the change is not shown to "
                   "matter" if v["outside_noise"] is False else "noise unknown")
         predicted = ("no prediction" if v["predicted"] is None else "predicted "
-                     + ("up to " if v.get("predicted_is_bound") else "") + f"{v['predicted']:.2f}x")
-        lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: {predicted}, "
-                     f"measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
-                     f"rounds (each {rounds}; baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "
-                     + "/".join(f"{x:.1f}" for x in changed) + f" images/s; run-to-run noise +/-{v['noise'] or 0:.2f}: "
-                     + judged + f"); {v['profile']}")
+                     + ("up to " if v.get("predicted_is_bound") else "") + f"{v['predicted']:.2f}x"
+                     + (" (no gain: the recommendation above)" if v.get("predicted_is_advice") else "")
+                     + (f" for {v['predicted_for']}" if v.get("predicted_for") else ""))
+        runs = ("baseline " + "/".join(f"{x:.1f}" for x in base) + " -> changed "
+                + "/".join(f"{x:.1f}" for x in changed) + " images/s")
+        if v.get("too_noisy"):
+            lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: {predicted}; measured: "
+                         f"cannot tell: the machine is too noisy (the {len(base)} interleaved rounds gave {rounds}: "
+                         f"{runs}); rerun on a quieter machine or with more --steps; {v['profile']}")
+        else:
+            lines.append(f"verify-fix: {v['change']} ({v['why']}), applied {v['applied']}: {predicted}, "
+                         f"measured {v['measured']:.2f}x images/s over {len(base)} interleaved "
+                         f"rounds (each {rounds}; {runs}; run-to-run noise +/-{v['noise'] or 0:.2f}: "
+                         + judged + f"); {v['profile']}")
         if v.get("assumption"):
             lines.append(f"  predicted with: {v['assumption']}")
     if s.get("headspace"):

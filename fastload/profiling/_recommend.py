@@ -62,6 +62,7 @@ PARTS = {"read": "opening files (PIL Image.open) or reading the store", "decode"
          "download": "waiting for shard downloads of the remote store",
          "other": "the dataset's own code outside reads, decodes and transforms"}
 FASTLOAD_DATASETS = ("fastload.load.dataset.LMDBImageDataset",)  #: already read from a store: no convert advice
+STORE_DOMINANT = 0.5  #: decode + transforms at least this share of sample time: the store and presets come first
 STORAGE_BOUND = 0.30  #: download wait at least this share of sample time, and its largest part: storage-bound
 #: the training loader's dataset classes --verify-fix can swap the uint8 presets into (``_uint8.py`` checks the rest)
 FOLDER_DATASETS = ("torchvision.datasets.folder.ImageFolder", "torchvision.datasets.folder.DatasetFolder",
@@ -105,11 +106,12 @@ def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, An
     """What ``--verify-fix`` applies: the top recommendation fastload can apply from outside, else (nothing
     to apply, e.g. CPU-bound training) the worker count a user would try, with its predicted ratio.
 
-    ``only`` (``--verify-change``): the top recommendation that changes that (``num_workers``, ``pin_memory``,
-    ``uint8_presets``), else its prediction (a worker count, or the uint8 presets on their own).
+    ``only`` (``--verify-change``): the top recommendation that changes that alone (``num_workers``, ``pin_memory``,
+    ``uint8_presets``; not the store's, which also sets the workers), else its prediction (a worker count, or the
+    uint8 presets on their own).
     """
-    for r in s["recommendations"]:
-        if r.get("apply") and (only is None or only in r["apply"]):
+    for r in s["recommendations"]:  # with ``only``: a recommendation that changes that alone (not the store's)
+        if r.get("apply") and (only is None or set(r["apply"]) == {only}):
             return {**r, "verify_why": "the top recommendation that can be applied from outside" if only is None
                     else f"the top recommendation that changes {only}"}
     if only == "uint8_presets" and s.get("uint8_presets"):
@@ -120,8 +122,14 @@ def change_to_verify(s: dict[str, Any], only: str | None = None) -> dict[str, An
                 **({"bound": True} if s["loader"].get("backend") == "threads" else {})}  # no thread model: a bound
     if only not in (None, "num_workers"):
         return None
+    recs = s["recommendations"]
+    no_gain = only is None and recs and recs[0].get("stage") is None and recs[0]["expected_gain"] <= 1.0
     for p in s.get("predictions", []):
         if "num_workers" in p.get("apply", {}) and p["apply"]["num_workers"] != s["loader"]["num_workers"]:
+            # one prediction per run: the recommendation's "no gain", not the model's figure it would not promise
+            if no_gain and p["expected_gain"] > 1.0:
+                p = {k: v for k, v in p.items() if k != "bound"}
+                p.update(expected_gain=recs[0]["expected_gain"], advice=True)
             return {**p, "verify_why": "no recommendation to apply: checking the prediction that this worker "
                                        "count does not help" if only is None else
                                        "asked for (--verify-change) though not recommended: checking its prediction"}
@@ -136,6 +144,10 @@ def verify_prediction(pick: dict[str, Any], applied: dict[str, Any]) -> tuple[fl
     variants, done = pick.get("verify_gain"), applied.get("uint8_presets")
     if not variants or not isinstance(done, dict):
         return pick["expected_gain"], None
+    if pick.get("stage") == "store":  # the preset timed on the user's own files, not taken from torchvision's
+        measured = "the preset's CPU time per sample measured on the files themselves (fastload profile's process)"
+        return (variants["main process"], measured + "; normalised in the training process (no CUDA there)") \
+            if done.get("normalise") == "main process" else (variants["device"] or pick["expected_gain"], measured)
     if done.get("normalise") == "main process":
         return variants["main process"], UINT8_ASSUMPTION
     return variants["device"], f"normalised on {done.get('normalise')}: the float conversion is taken as free there"
@@ -145,11 +157,79 @@ def _workers_value(n: int, plan_workers: int) -> Any:
     return "auto" if n == plan_workers and n > 0 else n
 
 
+def own_machine(s: dict[str, Any]) -> dict[str, Any]:
+    """The summary as it would read with no other process on the CPUs: the samples' and the step's waits for a
+    CPU removed (a sample's wall time loses its run-queue part; what is left keeps its CPU and blocked times;
+    with 0 workers the step's data wait loses it too, so the gains are against the step on a quiet machine);
+    the step's own part keeps the CPUs it wanted (``wanted_cores``: its CPU time plus its threads' wait for one)
+    and its measured wall time (a step that got its CPUs would be no slower)."""
+    q = {**s, "machine_load": None}
+    sm = s.get("samples")
+    rq = (sm or {}).get("runqueue_share") or 0.0
+    if sm and 0 < rq < 1:
+        q["samples"] = {**sm, "per_sample_ms": sm["per_sample_ms"] * (1 - rq), "runqueue_share": 0.0,
+                        "cpu_share": min(1.0, sm["cpu_share"] / (1 - rq)),
+                        **({"blocked_share": min(1.0, sm["blocked_share"] / (1 - rq))}
+                           if sm.get("blocked_share") is not None else {})}
+        if s["loader"]["num_workers"] == 0 and s["steps_per_s"]:
+            # loading in the training process: its wait for a CPU was part of each step's data wait, so the step
+            # on the machine as your own is shorter by it (and the gains are against that step, not the loaded one)
+            T = 1.0 / s["steps_per_s"]
+            waited = min(s["data_wait_fraction"] * T, s["images_per_step"] * sm["per_sample_ms"] * rq / 1e3)
+            T_own = T - waited
+            q["steps_per_s"] = 1.0 / T_own
+            for key in ("data_wait_fraction", "input_bound_idle_fraction", "gpu_idle_fraction"):
+                if key != "gpu_idle_fraction" or s["idle_source"] == "host-clock":
+                    q[key] = max(0.0, s[key] * T - waited) / T_own
+    if s.get("step_cpu"):
+        q["step_cpu"] = {**s["step_cpu"], "runqueue_share": 0.0}
+    return q
+
+
+FOREIGN_CPUS = 0.25  #: other processes took at least this many of the CPUs during the run: a shared machine
+CONTENDED_RQ = 0.25  #: samples or the step waited for a CPU at least this share of their time
+
+
 def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[str, list[dict[str, Any]]]:
     """The verdict and the ranked ``{change, why, expected_gain, stage, code, apply}`` list for a summary.
 
     Also sets ``s["predictions"]``: the predicted images/s ratio of every worker count tried.
+
+    Where other processes took CPUs during the run (``s["machine_load"]``, measured by ``fastload profile``)
+    and the samples or the step waited for a CPU, the advice is the one for the machine as the user's own
+    (``own_machine``): the same profile under more or less load gives the same advice, and the verdict says
+    what was measured, what other processes took, and what the run read under that load when it differs.
     """
+    load = s.get("machine_load") or {}
+    rq = max((s.get("samples") or {}).get("runqueue_share") or 0.0, (s.get("step_cpu") or {}).get(
+        "runqueue_share") or 0.0)
+    if (load.get("other_cpus") or 0.0) < FOREIGN_CPUS or rq < CONTENDED_RQ:
+        return _recommend(s, plan_workers=plan_workers, has_gpu=has_gpu)
+    loaded = {**s, "machine_load": None}
+    loaded_verdict, loaded_recs = _recommend(loaded, plan_workers=plan_workers, has_gpu=has_gpu)
+    quiet = own_machine(s)
+    verdict, recs = _recommend(quiet, plan_workers=plan_workers, has_gpu=has_gpu)
+    for key in ("predictions", "uint8_presets"):
+        if key in quiet:
+            s[key] = quiet[key]
+    la = load.get("load_average")
+    said = (f"shared machine: other processes took {load['other_cpus']:.1f} of the {load.get('cpus', '?')} CPUs "
+            f"during the run" + (f" (load average {la:.1f})" if la is not None else "")
+            + f", and this run's samples or step waited for a CPU up to {rq:.0%} of their time")
+    if loaded_verdict.split(":", 1)[0] != verdict.split(":", 1)[0] or (
+            loaded_recs[:1] and recs[:1] and loaded_recs[0]["change"] != recs[0]["change"]):
+        said += (f"; the advice below is for the machine as your own (those waits removed); under this load the "
+                 f"run read: {loaded_verdict.split(';', 1)[0]} (top: {loaded_recs[0]['change']})" if loaded_recs
+                 else "")
+    else:
+        said += "; the advice is the same with those waits removed (the machine as your own)"
+    for r in recs:
+        r["why"] += "; for the machine as your own (other processes' load removed)"
+    return f"{verdict.split(':', 1)[0]} ({said}):{verdict.split(':', 1)[1]}", recs
+
+
+def _recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[str, list[dict[str, Any]]]:
+    """``recommend`` on the summary as measured (no correction for other processes' load)."""
     wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
     cuda = s["idle_source"] in ("cuda", "cuda-events")
     where = (f"the GPU was idle {idle:.0%} of measured time, {bound * 100:.0f} points of it while the training loop "
@@ -313,7 +393,15 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
             storage_verdict = (f"storage-bound: the loop waited for shard downloads "
                                f"{s.get('download_wait_fraction', bound * parts['download']):.0%} of the time")
             recs.extend(_storage_recs(s, gain(tb * (1 - parts["download"]), tcpu, n_after)))
-        if parts["read"] >= 0.15 and loader.get("dataset") not in FASTLOAD_DATASETS:
+        folder = loader.get("image_folder") or {}
+        store_rec = None
+        if (folder.get("root") and loader.get("dataset") not in FASTLOAD_DATASETS
+                and parts.get("decode", 0.0) + parts.get("transform", 0.0) >= STORE_DOMINANT):
+            store_rec = _store_rec(s, folder, tb=tb, tcpu=tcpu, c=c, cores=cores, cpus=cpus, w_now=w_now,
+                                   plan_workers=plan_workers, cap=load_cap, has_gpu=has_gpu, cuda=cuda,
+                                   threads=threads)
+            recs.append(store_rec)
+        if parts["read"] >= 0.15 and loader.get("dataset") not in FASTLOAD_DATASETS and store_rec is None:
             recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
                          "stage": "lmdb",
                          "why": f"{parts['read']:.0%} of sample time is opening and reading small files",
@@ -344,7 +432,17 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                    "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
                           "4x the bytes through worker queues)"
                           + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
-                   "expected_gain": gain(tb_u8, tcpu_u8, n_after) if has_gpu else 1.0, "code": uint8_snippet(created)}
+                   "expected_gain": 1.0, "code": uint8_snippet(created)}
+            # one prediction per run: the figure is the presets alone at today's worker count (what --verify-fix
+            # applies), normalised on the device where there is one, else in the training process; where the
+            # rerun would normalise elsewhere (a GPU this script does not use) that figure is said here too
+            u = s.get("uint8_presets") or {}
+            variant = u.get("device") if has_gpu else u.get("main process")
+            rec["expected_gain"] = variant if variant is not None else gain(tb_u8, tcpu_u8, n_after) if has_gpu else 1.0
+            if has_gpu and not cuda and u.get("main process") is not None:
+                rec["verify_part"] = "normalising in the training process (this script used no CUDA)"
+                rec["why"] += (f"; --verify-fix normalises in the training process, as this script uses no CUDA: "
+                               f"predicted {u['main process']:.2f}x for that")
             if loader.get("dataset") in FOLDER_DATASETS:  # --verify-fix can swap it in (_uint8.py)
                 rec.update(apply={"uint8_presets": True}, verify_gain=s["uint8_presets"])
             recs.append(rec)
@@ -378,12 +476,98 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
                                "help" if cap < 1.02 else ""),
                      "expected_gain": cap, "bound": True})
     recs.sort(key=lambda r: -r["expected_gain"])
+    # the store's lines include num_workers="auto": within 2% of the best (both at the same cap), it comes first
+    store = next((r for r in recs if r.get("stage") == "store"), None)
+    if store is not None and store["expected_gain"] >= recs[0]["expected_gain"] / 1.02:
+        recs.remove(store)
+        recs.insert(0, store)
     if storage_verdict:
         return "; ".join([storage_verdict, where, *details]), recs
     if cpu_bound_verdict:
         return "; ".join([cpu_bound_verdict, where, *details]), recs
     verdict = "input-bound: " + "; ".join([where, *details])
     return verdict, recs
+
+
+def _store_rec(s: dict[str, Any], folder: dict[str, Any], *, tb: float, tcpu: float, c: float, cores: float,
+               cpus: int, w_now: int, plan_workers: int, cap: float, has_gpu: bool, cuda: bool,
+               threads: bool) -> dict[str, Any]:
+    """The store + uint8 presets + fastload's DataLoader (the README's three lines) for a torchvision ImageFolder
+    whose decode and transforms dominate the sample time (the model in docs/profile-advice.md#the-store).
+
+    Predicted from two measurements: the profile's per-sample time of reading, decoding and transforming, and
+    the preset's CPU time per sample on a few of the user's own files (``presets_measured``, timed by the
+    profiler after the run) on the bytes ``fastload convert`` stores; the store's own read (an mmap'd LMDB
+    record) is taken as free, and the preset's time waits for a CPU as the profile's samples did. The lines set
+    ``num_workers="auto"``: predicted at the plan's worker count. Without CUDA in the training process the
+    normalising moves into it (``DevicePrefetcher(loader, "cpu")``), taken at its measured cost per sample.
+    ``--verify-fix`` cannot make the store (that is the ``convert``): it applies the presets to the files
+    themselves with the same worker count (``_uint8.py``), whose prediction (``verify_gain``) keeps the files'
+    read and times the preset on the files' own bytes. Without a measurement (the transform has no preset,
+    or no file could be read) the figure is the perfect-loader bound.
+    """
+    from fastload.profiling._snippet import store_path_for, store_presets_snippet
+
+    samples, parts = s["samples"], s["samples"]["parts"]
+    images, per = s["images_per_step"], samples["per_sample_ms"]
+    share, rq = samples["cpu_share"], samples.get("runqueue_share") or 0.0
+    measured = s.get("presets_measured")
+    n = plan_workers if plan_workers > 0 else w_now
+    code = store_presets_snippet(folder["root"], folder.get("repr"), folder.get("mean"), folder.get("std"),
+                                 s["loader"].get("created_at"), cuda=cuda)
+    removed = parts.get("read", 0.0) + parts.get("decode", 0.0) + parts.get("transform", 0.0)
+    store = store_path_for(folder["root"])
+    head = (f"{parts.get('decode', 0.0) + parts.get('transform', 0.0):.0%} of each sample's time is decode and "
+            f"transforms of {folder['root']}'s files (PIL, torchvision)")
+    if not measured or threads:
+        why = (head + "; the store keeps the images ready to decode, the uint8 presets decode only what the crop "
+               "needs and leave the float conversion to the device. Not measured here ("
+               + ("backend='threads': no thread model" if threads else folder.get("refused")
+                  or "none of the dataset's files could be timed") + "): the figure is the perfect-loader bound")
+        return {"change": f"pack into a fastload store (fastload convert {folder['root']} {store}) + uint8 presets "
+                          "+ fastload.DataLoader", "stage": "store", "why": why, "expected_gain": cap, "bound": True,
+                "code": code}
+    wait_per_cpu = rq / share if share > 0 else 0.0  # the profile's samples waited this long for a CPU per CPU second
+
+    T = 1.0 / s["steps_per_s"]
+
+    def step_with(sample_ms: float, cut: float, moved_ms: float) -> float:
+        """The ratio when the ``cut`` share of the sample time becomes ``sample_ms`` of preset CPU time (and
+        ``moved_ms`` per sample of normalising joins the step)."""
+        added = images * sample_ms * (1 + wait_per_cpu) / 1e3
+        tb_new, tcpu_new = tb * (1 - cut) + added, tcpu * (1 - cut) + added
+        moved = images * moved_ms / 1e3
+        k = (c * cores + moved) / (c + moved) if moved else cores
+        t = predict_step(n, c=c + moved, tb=tb_new, tcpu=tcpu_new, cpus=cpus, step_cores=k)
+        return min(cap, T * cpus / max(1e-12, tcpu_new), T / t)
+
+    norm = measured["normalise_ms"]
+    full = {"device": step_with(measured["store_ms"], removed, 0.0) if has_gpu else None,
+            "main process": step_with(measured["store_ms"], removed, norm)}
+    files_kept = parts.get("decode", 0.0) + parts.get("transform", 0.0)  # the files are still opened and read
+    files = {"device": step_with(measured["files_ms"], files_kept, 0.0) if has_gpu else None,
+             "main process": step_with(measured["files_ms"], files_kept, norm)}
+    where = "device" if cuda else "main process"
+    gain, verify = full[where], files[where]
+    auto = f'num_workers="auto" (-> {n})' if n == plan_workers and n > 0 else f"num_workers={n}"
+    why = (head + f" ({per * removed:.1f} ms of {per:.1f} ms per sample); the preset measured "
+           f"{measured['store_ms']:.1f} ms of CPU per sample on {measured['files']} of these images as the store "
+           f"holds them" + ("" if cuda else f", and normalising in the training process {norm:.2f} ms per sample "
+                            "(no CUDA there)") + f"; predicted with {auto}")
+    rec = {"change": f"pack into a fastload store + uint8 presets + fastload.DataLoader (fastload convert "
+                     f"{folder['root']} {store})", "stage": "store", "why": why, "expected_gain": gain, "code": code}
+    if n > 0 and cores >= 1.2 and cores + min(n, tcpu / T) > cpus + 0.05:  # as shares_step_cpus in _recommend
+        rec["bound"] = True
+        rec["why"] += (f"; an upper bound: the step's {cores:.1f} threads would share CPUs with busy workers "
+                       f"(torch.set_num_threads({max(1, cpus - n)}) keeps the step off them)")
+    if s["loader"].get("dataset") in FOLDER_DATASETS:
+        rec.update(apply={"uint8_presets": True, **({"num_workers": n} if n != w_now else {})},
+                   verify_gain=files, verify_part="the presets on your files" + (f" with {auto}" if n != w_now else "")
+                   + ": --verify-fix cannot make the store (run the convert above)")
+        rec["why"] += (f"; --verify-fix applies the presets to the files themselves"
+                       + (f" with {auto}" if n != w_now else "") + f", predicted {verify:.2f}x (it cannot make the "
+                       "store: that is the convert)")
+    return rec
 
 
 def _storage_recs(s: dict[str, Any], warm_gain: float) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 
 Owns: finding the ``DataLoader(...)`` call the probe saw constructed (``created_at``: file and line),
 and rewriting its keyword arguments (``num_workers``, ``pin_memory``) as a copy-paste snippet, with
-``from fastload import DataLoader`` where the change needs fastload's loader (``num_workers="auto"``).
+``from fastload import DataLoader`` where the change needs fastload's loader (``num_workers="auto"``);
+and the store advice's lines for the user's own folder (the ``convert`` command, the store beside it).
 The call is located with :mod:`ast` and edited as text, so the user's own formatting is kept.
 
 Must not: write to the user's files, run or import their code, import torch.
@@ -99,3 +100,43 @@ def uint8_snippet(created_at: str | None) -> str:
             "dataset.transform = train_transform(224)  # uint8 CHW, no ToTensor/Normalize on the CPU\n"
             f"loader = DataLoader(dataset, batch_size=..., num_workers=\"auto\", collate_fn=collate_uint8){where}\n"
             "for images, labels in DevicePrefetcher(loader, \"cuda\"):  # normalised float on the device")
+
+
+def store_path_for(root: str) -> str:
+    """Where the store advice writes the user's folder's store: beside it (``<folder>.lmdb``), never inside it."""
+    return str(Path(root.rstrip("/\\") or root)) + ".lmdb"
+
+
+def store_presets_snippet(root: str, preset: str | None, mean: list[float] | None, std: list[float] | None,
+                          created_at: str | None, *, cuda: bool) -> str:
+    """The README's three lines for the user's own folder: the ``convert`` command, the store with the preset
+    that reproduces their transform (``preset``: its repr, e.g. ``TrainTransform(size=224, ...)``), fastload's
+    DataLoader with ``collate_uint8``, and ``DevicePrefetcher`` normalising with their mean/std, in the CUDA or
+    the CPU form (``cuda``: the training process used CUDA)."""
+    store = store_path_for(root)
+    where = f"  # in place of {Path(created_at.rpartition(':')[0]).name}:{created_at.rpartition(':')[2]}" \
+        if created_at else ""
+    norm = "" if mean is None else f", mean={tuple(round(x, 4) for x in mean)}, std={tuple(round(x, 4) for x in std)}"
+    lines = [f"fastload convert {root} {store}    # once, in a shell: the store goes beside the folder, not into it",
+             "from fastload import DataLoader, DevicePrefetcher, LMDBImageDataset, collate_uint8, "
+             "eval_transform, train_transform",
+             f"dataset = LMDBImageDataset({_literal(store)}, transform={_preset_call(preset)}){where}",
+             "loader = DataLoader(dataset, batch_size=..., shuffle=True, num_workers=\"auto\", "
+             "collate_fn=collate_uint8)"]
+    if cuda:
+        lines.append(f"for images, labels in DevicePrefetcher(loader, \"cuda\"{norm}):  # normalised float32 on "
+                     "the GPU")
+        lines.append("# no CUDA on a machine: DevicePrefetcher(loader, \"cpu\", ...) normalises in the training "
+                     "process (keep dtype float32 there)")
+    else:
+        lines.append(f"for images, labels in DevicePrefetcher(loader, \"cpu\"{norm}):  # no CUDA: normalised "
+                     "float32 in this process; on a GPU machine pass \"cuda\"")
+    return "\n".join(lines)
+
+
+def _preset_call(preset: str | None) -> str:
+    """``train_transform(...)``/``eval_transform(...)`` for a preset's repr; the default preset when unknown."""
+    if not preset:
+        return "train_transform(224)  # or the preset that matches your transform"
+    name, _, args = preset.partition("(")
+    return ("train_transform(" if name == "TrainTransform" else "eval_transform(") + args

@@ -9,7 +9,9 @@ wrap that hands the user's unmodified loop the batch it had: float32, normalised
 mean/std, the same shape, int64 labels. The conversion runs on the CUDA device when this process
 uses one (``DevicePrefetcher``'s side-stream copy, the batch is then on that device), else in the
 training process right after each batch arrives: without CUDA the normalising moves from the
-loader's workers into the training process.
+loader's workers into the training process. Also what the store advice needs of such a dataset
+(``describe``: its folder, a few of its files, the preset or why none) and the preset's CPU time
+per sample on those files, timed in the profiler's own process after the run (``time_presets``).
 
 What is translated (torchvision v1 or v2 classes, nested ``Compose`` flattened):
 ``RandomResizedCrop(s)`` [+ ``RandomHorizontalFlip(p)``] -> ``train_transform(s, scale, ratio, flip_p)``;
@@ -300,3 +302,97 @@ def apply(loader: Any) -> tuple[dict[str, Any], Any]:
 
     return info, wrap
 
+
+
+SAMPLE_FILES = 8  #: the user's own images the profiler times the presets on (spread over the dataset)
+
+
+def _folder_of(dataset: Any) -> Any:
+    """The torchvision ``DatasetFolder`` under any ``Subset``\\ s, or None."""
+    from torch.utils.data import Subset
+
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    if "torchvision" not in sys.modules or not isinstance(dataset, _folder_class()):
+        return None
+    return dataset
+
+
+def describe(dataset: Any) -> dict[str, Any] | None:
+    """What the store advice needs of a torchvision ``ImageFolder`` (probe side, as the loader is first seen):
+    its root folder, a few of its files, and the preset that reproduces its transform (``preset``: the
+    keywords of ``train_transform``/``eval_transform``) or why none does (``refused``). None: not such a dataset.
+    """
+    folder = _folder_of(dataset)
+    if folder is None:
+        return None
+    samples = getattr(folder, "samples", None) or []
+    step = max(1, len(samples) // SAMPLE_FILES)
+    info: dict[str, Any] = {"root": str(folder.root), "images": len(samples),
+                            "files": [str(p) for p, _ in samples[::step][:SAMPLE_FILES]]}
+    try:
+        _, t = swap_dataset(dataset)
+    except NotTranslatable as exc:
+        return {**info, "refused": str(exc)}
+    p = t.preset
+    preset = ({"kind": "train", "size": p.size, "scale": list(p.scale), "ratio": list(p.ratio), "flip_p": p.flip_p}
+              if hasattr(p, "flip_p") else {"kind": "eval", "size": p.size, "resize": p.resize})
+    return {**info, "preset": preset, "repr": repr(p), "mean": list(t.mean), "std": list(t.std)}
+
+
+def make_preset(spec: dict[str, Any]) -> Any:
+    """The preset ``describe`` recorded (``{"kind": "train" | "eval", ...}``)."""
+    from fastload.load.transforms import eval_transform, train_transform
+
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in spec.items() if k not in ("kind", "size")}
+    return (train_transform if spec["kind"] == "train" else eval_transform)(spec["size"], **kw)
+
+
+def time_presets(files: Sequence[str], spec: dict[str, Any], *, repeats: int = 3) -> dict[str, Any] | None:
+    """CPU milliseconds per sample of the preset on the user's own files, measured in this process (the
+    profiler's, after the run): ``store_ms`` on the bytes ``fastload convert`` would store for each file
+    (``image.policy.prepare``'s defaults), ``files_ms`` on the files' own bytes (what ``--verify-fix``
+    applies), and ``normalise_ms``: one sample's uint8-to-normalised-float conversion on the CPU. None when
+    no file could be read or prepared.
+    """
+    import time
+
+    import torch
+
+    from fastload.image.policy import prepare
+    from fastload.load.transforms import normalize
+
+    preset = make_preset(spec)
+    pairs = []
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+            pair = (raw, prepare(raw).data)
+            for data in pair:  # a file the preset cannot read (the store's reader would skip or name it)
+                preset.from_bytes(data)
+            pairs.append(pair)
+        except Exception:  # noqa: BLE001 - any file the user has: advice only, never the profile
+            continue
+    if not pairs:
+        return None
+    gen = torch.Generator().manual_seed(0)
+
+    def per_sample(which: int) -> float:
+        t0 = time.process_time()
+        for pair in pairs:  # once untimed: first-call costs (imports, decoder set-up) are not per sample
+            preset.from_bytes(pair[which], gen)
+        rounds = repeats if time.process_time() - t0 < 0.5 else 1  # large photos: one timed pass is enough
+        t0 = time.process_time()
+        for _ in range(rounds):
+            for pair in pairs:
+                preset.from_bytes(pair[which], gen)
+        return (time.process_time() - t0) / (rounds * len(pairs)) * 1e3
+
+    batch = torch.stack([preset.from_bytes(p[1], gen) for p in pairs])
+    normalize(batch)
+    t0 = time.process_time()
+    for _ in range(repeats):
+        normalize(batch)
+    norm = (time.process_time() - t0) / (repeats * len(pairs)) * 1e3
+    return {"store_ms": per_sample(1), "files_ms": per_sample(0), "normalise_ms": norm, "files": len(pairs)}

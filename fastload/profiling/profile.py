@@ -25,7 +25,9 @@ gets ``GRACE_S`` to end before it is killed; what was measured is then written a
 ``fastload profile`` exits with the command's status. ``--verify-fix`` reruns the command with the
 top change applied to the training loader from outside (``_probe.APPLICABLE``; the uint8 presets on a
 torchvision ImageFolder: ``_uint8.py``) and compares (``_profile_compare.py``) with the prediction for
-what the rerun applied (``_recommend.verify_prediction``).
+what the rerun applied (``_recommend.verify_prediction``). ``_MachineLoad`` measures what other processes
+took of the CPUs while the command ran, for the verdict on a shared machine; the store advice's preset is
+timed on the user's own files in this process after the run (``summarize_dir``).
 
 Must not: edit the user's files, import torch at import time, or print (the CLI prints).
 """
@@ -159,6 +161,49 @@ class _Terminal:
             signal.signal(signal.SIGTTOU, old)
 
 
+class _MachineLoad:
+    """What other processes took of this process's CPUs while the command ran: the busy time of the CPUs it may
+    use (psutil, per CPU) minus the CPU time of the command's whole process tree (``RUSAGE_CHILDREN``: the script,
+    its DataLoader workers, torchrun's ranks, once reaped) and of this process, over the wall time; and the load
+    average at the end. None without psutil (an optional dependency)."""
+
+    def __init__(self) -> None:
+        try:
+            import psutil
+        except ImportError:
+            self.start = None
+            return
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self.start = (time.monotonic(), self._busy(psutil), self._ours())
+
+    def _busy(self, psutil) -> float:
+        per = psutil.cpu_times(percpu=True)
+        chosen = [per[i] for i in self.cpus if i < len(per)] if self.cpus else per
+        fields = ("user", "nice", "system", "irq", "softirq", "steal")
+        return sum(getattr(t, f, 0.0) for t in chosen for f in fields)
+
+    @staticmethod
+    def _ours() -> float:
+        import resource
+
+        kids, me = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+        return kids.ru_utime + kids.ru_stime + me.ru_utime + me.ru_stime
+
+    def end(self) -> dict[str, Any] | None:
+        if self.start is None:
+            return None
+        import psutil
+
+        t0, busy0, ours0 = self.start
+        wall = time.monotonic() - t0
+        if wall <= 0:
+            return None
+        ours = max(0.0, self._ours() - ours0)
+        other = max(0.0, self._busy(psutil) - busy0 - ours)
+        return {"other_cpus": other / wall, "own_cpus": ours / wall, "cpus": len(self.cpus or psutil.cpu_times(
+            percpu=True)), "wall_s": wall, "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
+
+
 def _run_child(command: Sequence[str], env: dict[str, str]) -> tuple[int, list[int]]:
     """Run the command in its own process group; return its ``returncode`` and the signals we forwarded.
 
@@ -208,8 +253,11 @@ def _run_child(command: Sequence[str], env: dict[str, str]) -> tuple[int, list[i
         terminal.restore()
 
 
-def summarize_dir(out: Path) -> tuple[list[dict], dict[str, Any]]:
+def summarize_dir(out: Path, machine_load: dict[str, Any] | None = None) -> tuple[list[dict], dict[str, Any]]:
     """Per-rank figures and the merged summary (verdict, recommendations, machine) from an out dir.
+
+    ``machine_load``: what other processes took of the CPUs during the run (``_MachineLoad``); the store
+    advice's preset timing on the user's own files (``_uint8.time_presets``) runs here, in this process.
 
     Raises:
         ProfileError: no probe file there, or no loader yielded a batch.
@@ -220,6 +268,9 @@ def summarize_dir(out: Path) -> tuple[list[dict], dict[str, Any]]:
     ranks, samples = report.read_files(out)
     ranks = {r: p for r, p in ranks.items() if any(t["steps"] for t in p["tracks"])}
     if not ranks:
+        failures = sorted({p.read_text() for p in out.glob("failure-rank*.txt")})
+        if failures:  # the probe's own check stopped the script (num_workers="auto" given to torch's DataLoader)
+            raise ProfileError(f"{out}: the command ran no measured loader steps: " + "\n".join(failures))
         raise ProfileError(f"{out}: the command ran no measured loader steps (no DataLoader iterated to a second "
                            "batch).\nHINT: a custom loader that is not a torch DataLoader needs "
                            "`for batch in fastload.watch(loader):` in the script")
@@ -229,6 +280,12 @@ def summarize_dir(out: Path) -> tuple[list[dict], dict[str, Any]]:
     first = ranks[min(ranks)]
     local = first["local_world_size"]
     plan = worker_plan(env={"LOCAL_WORLD_SIZE": str(local)})
+    summary["machine_load"] = machine_load
+    folder = summary["loader"].get("image_folder") or {}
+    if folder.get("preset") and folder.get("files"):
+        from fastload.profiling import _uint8
+
+        summary["presets_measured"] = _uint8.time_presets(folder["files"], folder["preset"])
     verdict, recs = _recommend.recommend(summary, plan_workers=plan.workers, has_gpu=bool(machine["gpus"]))
     summary.update(verdict=verdict, recommendations=recs, local_world_size=local,
                    machine={"cpus": machine["cpus"], "gpus": machine["gpus"], "local_world_size": local,
@@ -265,10 +322,11 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
     out = options.out or Path("runs") / time.strftime("profile-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     _clear(out)
+    load = _MachineLoad()
     rc, forwarded = _run_child(command, _child_env(out, options, None))
     status = exit_status(rc)
     try:
-        figs, summary = summarize_dir(out)
+        figs, summary = summarize_dir(out, load.end())
     except ProfileError as exc:
         if status == 0:
             raise
@@ -307,7 +365,7 @@ def run_profile(command: Sequence[str], options: ProfileOptions = ProfileOptions
 
 
 def _clear(out: Path) -> None:
-    for pattern in ("probe-rank*.json", "samples-rank*.json", "steps-rank*.jsonl"):
+    for pattern in ("probe-rank*.json", "samples-rank*.json", "steps-rank*.jsonl", "failure-rank*.txt"):
         for stale in out.glob(pattern):
             stale.unlink()
 
@@ -351,6 +409,8 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
 
     base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
             "predicted": pick["expected_gain"], "predicted_is_bound": bool(pick.get("bound")),
+            **({"predicted_for": pick["verify_part"]} if pick.get("verify_part") else {}),
+            **({"predicted_is_advice": True} if pick.get("advice") else {}),
             "profile": str(vdir / "profile.json")}
     def failed(result: dict[str, Any], which: str) -> dict[str, Any] | None:
         """A rerun that ended on its own with a failure status is no measurement of the change."""
@@ -381,6 +441,8 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
                     "is measured. Apply it by hand and compare the two runs with "
                     "`fastload profile compare A/profile.json B/profile.json`"}
     base["predicted"], assumption = _recommend.verify_prediction(pick, applied)
+    if base["predicted"] == pick["expected_gain"]:
+        base.pop("predicted_for", None)  # the recommendation's own figure: nothing to tell apart
     if assumption:
         base["assumption"] = assumption
     pairs = [(summary, changed)]
@@ -389,9 +451,9 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
         for result, which in zip(pairs[-1], (f"round-{i} baseline", f"round-{i} changed")):
             if (bad := failed(result, which)) is not None:
                 return bad
-    judged = compare_rounds(pairs)
+    judged = compare_rounds(pairs, base["predicted"])
     measured = judged["ratio"]
-    return {**base, "applied": applied, "measured": measured,
+    return {**base, "applied": applied, "measured": measured, "too_noisy": judged["too_noisy"],
             "error": measured / base["predicted"] - 1.0 if base["predicted"] and measured else None,
             "outside_noise": judged["outside_noise"], "noise": judged["noise"],
             "round_ratios": judged["round_ratios"], "baseline_drift": judged["baseline_drift"],

@@ -195,8 +195,10 @@ def test_on_a_gpu_the_verified_prediction_is_for_the_change_alone_where_it_norma
     assert fast["apply"] == {"uint8_presets": True}
     on_device = verify_prediction(fast, {"uint8_presets": {"normalise": "cuda:0"}})
     on_host = verify_prediction(fast, {"uint8_presets": {"normalise": "main process"}})
-    # the recommendation's own figure assumes the recommended workers too; verify-fix applies the presets alone
-    assert 1.2 < on_device[0] < fast["expected_gain"] and on_host[0] == pytest.approx(1.0, abs=0.01)
+    # one prediction per run: the recommendation's own figure is the presets alone at today's worker count, the
+    # one verify-fix checks on the device; the training-process variant (this script used no CUDA) is said too
+    assert 1.2 < on_device[0] == fast["expected_gain"] and on_host[0] == pytest.approx(1.0, abs=0.01)
+    assert f"predicted {on_host[0]:.2f}x for that" in fast["why"] and "training process" in fast["verify_part"]
     assert "training process" in on_host[1] and "cuda:0" in on_device[1]
     # a dataset --verify-fix cannot swap: the recommendation stays, without an apply
     s = _summary(workers=0, floats=0.6, dataset="fastload.load.dataset.LMDBImageDataset")
