@@ -295,3 +295,60 @@ def test_ray_worker_node_killed_mid_conversion_is_survived(netns_cluster, tiny_t
     assert re.findall(r"retries (\d+)", said)[-1] != "0", said[-2000:]  # b's task was run again, on a
     a.run([fastload, "convert", "s3://src/tree/", "s3://dst/local/", "--num-shards", "8"], env=bucket.env)
     assert _manifest_shards(a, bucket, "s3://dst/ray/") == _manifest_shards(a, bucket, "s3://dst/local/")
+
+
+def test_a_node_lost_mid_epoch_is_survived_by_torchrun_elastic_resume(netns_cluster, tmp_path):
+    from fastload.datasets import DatasetSpec, make_dataset
+
+    bucket = netns_cluster.bucket()
+    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+    for node in (a, b):
+        node.shape(200)
+    tree = make_dataset(tmp_path / "tree", DatasetSpec(num_classes=4, per_class=24, min_side=32, max_side=64,
+                                                       png_every=0, seed=3), workers=1)
+    local = sharded_store(tree, tmp_path / "store", 8)
+    bucket.make_bucket("train")
+    url = "s3://train/elastic/"
+    man = _publish(a, bucket, local, url)
+    n = man["num_samples"]
+    shared = netns_cluster.root / "checkpoints"  # what a real cluster shares: the checkpoint folder
+    shared.mkdir()
+    port = 29400 + (hash(netns_cluster.tag) % 500)
+    procs = {}
+    for node in (a, b):
+        (node.root / "out").mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1:2", "--nproc_per_node=2",
+               "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint={a.address}:{port}",
+               f"--local-addr={node.address}", f"--rdzv-conf=is_host={int(node is a)},last_call_timeout=15",
+               "--rdzv-id=elastic", HERE / "netns_elastic_check.py", url, node.root / "cache", node.root / "out",
+               shared]
+        # the workers' own store, not the rendezvous store shared with torchrun's agent: with the shared one,
+        # restarted workers read their peers' addresses from before the restart (pytorch/pytorch#135712)
+        env = dict(_torchrun_env(bucket), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        procs[node.name] = node.popen(cmd, env=env, log=node.root / "torchrun.log")
+    deadline = time.monotonic() + 180
+    while True:  # until the job has checkpointed a few batches with both nodes in it
+        logs = list((b.root / "out").glob("log-0-*.jsonl"))
+        if logs and all(len(p.read_text().splitlines()) >= 3 for p in logs) and (shared / "ckpt.pt").exists():
+            break
+        assert procs["a"].poll() is None and time.monotonic() < deadline, \
+            (a.root / "torchrun.log").read_text()[-4000:]
+        time.sleep(0.1)
+    b.kill()  # the node is gone: its agent, its ranks, its cache's readers
+    assert procs["a"].wait(timeout=300) == 0, (a.root / "torchrun.log").read_text()[-4000:]
+
+    def log(node, attempt, rank):
+        path = node.root / "out" / f"log-{attempt}-{rank}.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    first = {r: log(a, 0, r) + log(b, 0, r) for r in range(4)}
+    assert {rec["world"] for recs in first.values() for rec in recs} == {4}  # both nodes were in it
+    resumed = [json.loads((a.root / "out" / f"resumed-1-{r}.json").read_text()) for r in range(2)]
+    assert {(x["from_attempt"], x["world"]) for x in resumed} == {(0, 2)}  # elastic: 4 ranks saved, 2 resume
+    upto = resumed[0]["from_batch"]
+    checkpointed = [i for recs in first.values() for rec in recs if rec["batch"] <= upto for i in rec["ids"]]
+    after = [i for r in range(2) for rec in log(a, 1, r) for i in rec["ids"]]
+    assert sorted(checkpointed + after) == list(range(n))  # every sample of the epoch exactly once
+    assert checkpointed and after
+    done = json.loads((a.root / "out" / "done-1-0.json").read_text())
+    assert done["steps"] == (upto + 1) + len(log(a, 1, 0))  # the model resumed with the loader: one step a batch
