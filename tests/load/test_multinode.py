@@ -4,8 +4,10 @@ its own, each node's link shaped with tc. torchrun across two nodes, and a link 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -352,3 +354,33 @@ def test_a_node_lost_mid_epoch_is_survived_by_torchrun_elastic_resume(netns_clus
     assert checkpointed and after
     done = json.loads((a.root / "out" / "done-1-0.json").read_text())
     assert done["steps"] == (upto + 1) + len(log(a, 1, 0))  # the model resumed with the loader: one step a batch
+
+
+def test_ray_driver_killed_mid_conversion_and_rerun_resumes(netns_cluster, tiny_tree):
+    bucket = netns_cluster.bucket()
+    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+    for node in (a, b):
+        node.shape(20)
+    for name in ("src", "dst"):
+        bucket.make_bucket(name)
+    a.run([sys.executable, "-c", "import sys, pathlib; from fastload.store import remote\n"
+           "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
+           "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
+           "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
+    envs = _ray_cluster_on(a, [b], bucket)
+    fastload = str(Path(sys.executable).with_name("fastload"))
+    cmd = [fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray", "--address",
+           f"{a.address}:6379", "--num-shards", "8"]
+    driver = a.popen(cmd, env=envs["a"], log=a.root / "first.log")
+    deadline = time.monotonic() + 120
+    while not re.search(r"shards [2-7]/8", (a.root / "first.log").read_text()):
+        assert driver.poll() is None and time.monotonic() < deadline, (a.root / "first.log").read_text()[-3000:]
+        time.sleep(0.05)
+    os.kill(driver.pid, signal.SIGKILL)  # the driver alone: the cluster stays up
+    driver.wait()
+    rerun = a.run(cmd, env=envs["a"], timeout=600)
+    resumed = re.search(r"resumed after (\d+)", rerun.stdout)
+    assert resumed and 0 < int(resumed.group(1)) < 24, rerun.stdout
+    assert "stored 24 of 24" in rerun.stdout
+    a.run([fastload, "convert", "s3://src/tree/", "s3://dst/local/", "--num-shards", "8"], env=bucket.env)
+    assert _manifest_shards(a, bucket, "s3://dst/ray/") == _manifest_shards(a, bucket, "s3://dst/local/")
