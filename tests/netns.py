@@ -20,10 +20,10 @@ the test, processes first.
 * ``cluster.bucket()``: SeaweedFS (``weed mini``) in a node of its own, bound to that node's
   loopback on free ports, behind a small TCP forwarder on the node's bridge address and a port of its
   own (``weed mini`` bound to a bridge address stopped its filer in our trials, and it refuses an S3
-  port that any address of its namespace holds already). Its ports are free ports of the test
-  process's own namespace: SeaweedFS names its local Unix sockets after its ports
-  (``/tmp/seaweedfs-*-PORT.sock``), and the file system is shared across namespaces, so two servers
-  on the same ports in two namespaces would take each other's sockets.
+  port that any address of its namespace holds already). Its Unix sockets are in its own data folder,
+  as in tests/s3.py: by default SeaweedFS names them after its ports (``/tmp/seaweedfs-*-PORT.sock``),
+  and the file system is shared across namespaces, so two servers on the same ports in two
+  namespaces would take each other's sockets.
 
 Needs root (or a user namespace that grants it) and iproute2; skips, saying why, without them.
 """
@@ -205,7 +205,8 @@ class Cluster:
         data.mkdir()
         args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
                 "-webdav=false", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-master.telemetry=false"]
+                "-master.telemetry=false", f"-filer.localSocket={data / 'filer.sock'}",
+                f"-s3.localFilerSocket={data / 'filer.sock'}", f"-s3.localSocket={data / 's3.sock'}"]
         args += [f"-{n if '.' in n else n + '.port'}={p}" for n, p in ports.items()]
         node.popen(args, env={"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY},
                    log=node.root / "weed.log", cwd=data)
