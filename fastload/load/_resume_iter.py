@@ -94,6 +94,17 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
         self._rotate = 0
         super().__init__(loader)
 
+    @property
+    def _base_seed(self) -> int:
+        return self.__dict__["_fl_base_seed"]
+
+    @_base_seed.setter
+    def _base_seed(self, drawn: int) -> None:
+        # torch draws it (from the loader's generator) before starting the workers; a resumed
+        # epoch's workers get the saved run's, so their RNG draws are the uninterrupted run's
+        saved = self._tracker.saved_worker_seed() if self._tracker is not None else None
+        self.__dict__["_fl_base_seed"] = drawn if saved is None else saved
+
     def _reset(self, loader, first_iter=False) -> None:
         self._rotate = self._tracker.epoch_started(self)
         super()._reset(loader, first_iter)
@@ -177,6 +188,7 @@ class WorkerInit:
             _TRACK = _WorkerTrack(info.dataset, worker_id, saved.states[worker_id] if saved is not None else None,
                                   iter_state, ended)
             _fetch_module._IterableDatasetFetcher.fetch = _tracked_fetch  # this worker process's copy only
+            _fetch_module._MapDatasetFetcher.fetch = _tracked_map_fetch
         if self.seeding:
             info.dataset.__getitems__ = _SeededGetItems(info.dataset)
         if self.user_fn is not None:
@@ -274,6 +286,18 @@ def _tracked_fetch(self, possibly_batched_index):
         if ds is not None or it is not None:
             return WithState(batch, t.worker_id, ds, it, bool(self.ended))
     return batch
+
+
+_ORIG_MAP_FETCH = _fetch_module._MapDatasetFetcher.fetch
+
+
+def _tracked_map_fetch(self, possibly_batched_index):
+    """torch's map-style fetch in a worker, reporting a stateful dataset's state with the batch."""
+    batch = _ORIG_MAP_FETCH(self, possibly_batched_index)
+    t = _TRACK
+    if t is None or self.dataset is not t.dataset:
+        return batch
+    return WithState(batch, t.worker_id, t.dataset.state_dict(), None, False)
 
 
 def _find_distributed(index_sampler):

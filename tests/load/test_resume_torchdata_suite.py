@@ -1,0 +1,145 @@
+"""Behaviours torchdata's own ``test_state_dict.py`` found missing (tools/run_torchdata_state_tests.py).
+
+Each test here is one class of that suite's failures, on our own tiny datasets, so CI holds
+them without torchdata's test file: a state that is JSON-serialisable; a dataset or iterator
+whose state is torch's RNG (resumed in the main process and in each worker, whose base seed is
+kept); a map-style dataset with ``state_dict()`` / ``load_state_dict()`` (kept per worker, as
+torchdata keeps it); ``load_state_dict`` on a loader whose persistent workers already run.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from fastload import DataLoader
+
+pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+
+
+def ident(x):
+    return x
+
+
+class RandomDraws(Dataset):
+    """Each sample is a draw from torch's RNG; its state is that RNG (torchdata's DummyMapDataset)."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return (i, int(torch.randint(1000, (1,))))
+
+
+class StatefulRandomDraws(RandomDraws):
+    def state_dict(self):
+        return {"g": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, sd):
+        torch.set_rng_state(torch.tensor(sd["g"], dtype=torch.uint8))
+
+
+class _DrawIter:
+    def __init__(self, items) -> None:
+        self.items, self.i = items, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= len(self.items):
+            raise StopIteration
+        self.i += 1
+        return (self.items[self.i - 1], int(torch.randint(1000, (1,))))
+
+    def state_dict(self):
+        return {"i": self.i, "g": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, sd):
+        self.i = sd["i"]
+        torch.set_rng_state(torch.tensor(sd["g"], dtype=torch.uint8))
+
+
+class IterRandomDraws(IterableDataset):
+    """An iterable whose iterator draws from torch's RNG and keeps it in its state."""
+
+    def __init__(self, n: int = 24) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        return _DrawIter(list(range(self.n))[wid::nw])
+
+
+def rest_and_resumed(make_loader, k: int, via_json: bool = False):
+    """The batches after the k-th of an uninterrupted epoch, and those a new loader resumes with."""
+    loader = make_loader()
+    it = iter(loader)
+    for _ in range(k):
+        next(it)
+    sd = loader.state_dict()
+    if via_json:
+        sd = json.loads(json.dumps(sd))
+    rest = list(it)
+    other = make_loader()
+    other.load_state_dict(sd)
+    return rest, list(other)
+
+
+@pytest.mark.parametrize("kind", ["map", "iterable"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_is_json_serialisable_and_resumes_from_json(workers, kind):
+    # the loader's own RNG states (shuffle order, generator) are base64 text, not bytes
+    def make():
+        if kind == "iterable":
+            return DataLoader(IterRandomDraws(), batch_size=3, num_workers=workers, collate_fn=ident)
+        return DataLoader(StatefulRandomDraws(), batch_size=3, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(5), collate_fn=ident)
+
+    rest, resumed = rest_and_resumed(make, 3, via_json=True)
+    assert resumed == rest and len(rest) == 5
+
+
+@pytest.mark.parametrize("workers, k", [(0, 0), (0, 2), (2, 0), (2, 1), (2, 3)])
+def test_an_iterator_keeping_torchs_rng_resumes_its_draws(workers, k):
+    rest, resumed = rest_and_resumed(lambda: DataLoader(IterRandomDraws(), batch_size=3, num_workers=workers,
+                                                        collate_fn=ident), k)
+    assert resumed == rest and rest
+
+
+def test_workers_drawing_from_torchs_rng_are_seeded_as_the_saved_run_was():
+    # a dataset with no state of its own: the worker processes' seeds alone make its draws
+    def make():
+        return DataLoader(RandomDraws(), batch_size=3, num_workers=2, collate_fn=ident)
+
+    rest, resumed = rest_and_resumed(make, 0)
+    assert resumed == rest and len(rest) == 8
+
+
+@pytest.mark.parametrize("workers, k", [(0, 0), (0, 3), (2, 0), (2, 1), (2, 4)])
+def test_a_stateful_map_dataset_resumes_its_own_state(workers, k):
+    def make():
+        return DataLoader(StatefulRandomDraws(), batch_size=3, shuffle=True, num_workers=workers,
+                          generator=torch.Generator().manual_seed(7), collate_fn=ident)
+
+    rest, resumed = rest_and_resumed(make, k)
+    assert resumed == rest and len(rest) == 8 - k
+
+
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+def test_load_state_dict_on_a_running_persistent_loader_starts_from_the_state(kind):
+    ds = IterRandomDraws() if kind == "iterable" else StatefulRandomDraws()
+    loader = DataLoader(ds, batch_size=3, num_workers=2, persistent_workers=True, collate_fn=ident)
+    it = iter(loader)
+    sd = loader.state_dict()
+    expected = list(it)
+    next(iter(loader))  # the persistent workers run the next epoch now
+    loader.load_state_dict(sd)
+    assert list(loader) == expected
