@@ -395,6 +395,11 @@ class ResumableIndex:
                     part.load_state_dict(order.sampler)
             it = iter(self.inner)
             first = list(itertools.islice(it, skip + 1))
+            if user["global"] == order.rng.get("global"):
+                # torch's RNG is exactly the one the order was drawn from (a state taken after
+                # iter() and before the first batch, then a dataset state that set torch's RNG
+                # loaded): the draw is the uninterrupted run's own, so it stays drawn
+                user = rng_snapshot({"global": gens["global"]})
         finally:
             # torch's global RNG is the user's: given back. The loader's and the sampler's own
             # generators stay where the replay left them, i.e. where the saved run's were after

@@ -134,12 +134,9 @@ class ResumeTracker:
             return new_iterator()
         if plan.order is None and not plan.batches and plan.workers is None and plan.fetcher is None:
             # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
-            if self.iterable and plan.dataset_state is not None:
-                loader.dataset.load_state_dict(plan.dataset_state)
-            it = new_iterator()
-            if self.map_stateful and plan.dataset_state is not None:  # after iter(), as torchdata
-                loader.dataset.load_state_dict(plan.dataset_state)
-            return it
+            if (self.iterable or self.map_stateful) and plan.dataset_state is not None:
+                loader.dataset.load_state_dict(plan.dataset_state)  # then iter() draws as the next epoch would
+            return new_iterator()
         if self.iterable and loader.num_workers == 0 and plan.dataset_state is not None:
             loader.dataset.load_state_dict(plan.dataset_state)  # 1. the dataset, 2. iter() (torch), 3. its iterator
         gens = self.generators(loader)
@@ -309,6 +306,13 @@ class ResumeTracker:
                 changes.update(self._single_process_states(loader.dataset, rec.fetcher))
         elif self.iterable and loader.num_workers == 0 and is_stateful(loader.dataset):
             changes["dataset_state"] = loader.dataset.state_dict()  # between epochs
+        elif rec is not None and rec.workers is not None and loader.persistent_workers:
+            # between epochs, persistent workers: the next epoch reads the workers' dataset copies
+            # as the last one left them (not fresh copies of this process's dataset), so a resumed
+            # loader's new workers get those states; their iterators and ends were the last epoch's
+            n = rec.workers.num_workers
+            changes["workers"] = WorkerStates(num_workers=n, states=rec.workers.states, next=0,
+                                              iter_states=(None,) * n, ended=(None,) * n)
         if self.map_stateful and loader.num_workers == 0:
             changes["dataset_state"] = loader.dataset.state_dict()
         return dataclasses.replace(st, **changes).to_dict()

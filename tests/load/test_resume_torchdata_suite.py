@@ -143,3 +143,62 @@ def test_load_state_dict_on_a_running_persistent_loader_starts_from_the_state(ki
     next(iter(loader))  # the persistent workers run the next epoch now
     loader.load_state_dict(sd)
     assert list(loader) == expected
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_a_stateful_map_dataset_saved_before_the_first_batch_keeps_the_orders_draw(k):
+    # no generator: RandomSampler draws its order from torch's RNG at the first batch, after
+    # the state (and the dataset's RNG in it) was taken; the resumed draws follow that draw
+    def make():
+        return DataLoader(StatefulRandomDraws(), batch_size=3, shuffle=True, collate_fn=ident)
+
+    rest, resumed = rest_and_resumed(make, k)
+    assert resumed == rest and len(rest) == 8 - k
+
+
+def test_a_stateful_map_dataset_saved_between_epochs_gives_the_next_epoch():
+    # the dataset's state (torch's RNG) is loaded before iter() draws the next epoch's order
+    def make():
+        return DataLoader(StatefulRandomDraws(), batch_size=3, shuffle=True, collate_fn=ident)
+
+    loader = make()
+    list(loader)
+    sd = loader.state_dict()
+    expected = list(loader)
+    other = make()
+    other.load_state_dict(sd)
+    assert list(other) == expected
+
+
+class EpochCounting(IterableDataset):
+    """Each worker's copy counts its own epochs (persistent workers keep the copy between epochs)."""
+
+    def __init__(self, n: int = 12) -> None:
+        self.n, self.epoch = n, 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(wid, self.n, nw):
+            yield (i, self.epoch)
+        self.epoch += 1
+
+    def state_dict(self):
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, sd):
+        self.epoch = sd["epoch"]
+
+
+def test_a_state_between_epochs_of_persistent_workers_keeps_their_dataset_copies():
+    def make():
+        return DataLoader(EpochCounting(), batch_size=2, num_workers=2, persistent_workers=True, collate_fn=ident)
+
+    loader = make()
+    list(loader)
+    sd = loader.state_dict()
+    expected = list(loader)
+    assert {e for batch in expected for _, e in batch} == {1}  # the workers' copies are in their 2nd epoch
+    other = make()
+    other.load_state_dict(sd)
+    assert list(other) == expected
