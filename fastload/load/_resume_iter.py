@@ -20,6 +20,7 @@ touch samples.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from typing import Any
@@ -132,6 +133,10 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
         while True:
             data = super()._next_data()
             if data is not _SKIP:
+                if not self._in_order and not self._tracker.iterable:
+                    # a batch handed out ahead of its turn: the state says which (``ahead``)
+                    self._tracker.out_of_order(self._rcvd_idx, [i for i in range(self._rcvd_idx, self._send_idx)
+                                                                if i not in self._task_info])
                 return data
 
     def _process_data(self, data, worker_idx):
@@ -249,7 +254,9 @@ class _WorkerTrack:
         """torchdata's rule: the dataset's state unless it is its own iterator, and the iterator's."""
         it = fetcher.dataset_iter
         ds = self.dataset.state_dict() if is_stateful(self.dataset) and it is not self.dataset else None
-        return ds, it.state_dict() if is_stateful(it) else None
+        # copied now: the queue pickles later, in its feeder thread, while the worker goes on
+        # reading ahead and may change the objects a state_dict() returned (torchdata copies too)
+        return copy.deepcopy(ds), copy.deepcopy(it.state_dict()) if is_stateful(it) else None
 
 
 _TRACK: _WorkerTrack | None = None
@@ -297,7 +304,7 @@ def _tracked_map_fetch(self, possibly_batched_index):
     t = _TRACK
     if t is None or self.dataset is not t.dataset:
         return batch
-    return WithState(batch, t.worker_id, t.dataset.state_dict(), None, False)
+    return WithState(batch, t.worker_id, copy.deepcopy(t.dataset.state_dict()), None, False)  # see states()
 
 
 def _find_distributed(index_sampler):
@@ -408,8 +415,14 @@ class ResumableIndex:
             # far ahead of the caller the saving run's workers or threads had read the sampler.
             rng_restore(gens, user)
         rec.order = order
-        yield from first[skip:]
-        yield from it
+        ahead = set(rec.plan.ahead) if rec.plan is not None else set()
+        if not ahead:
+            yield from first[skip:]
+            yield from it
+            return
+        for pos, batch in enumerate(itertools.chain(first[skip:], it), start=skip):
+            if pos not in ahead:  # yielded out of order before the state was taken
+                yield batch
 
     def _distributed(self, rec, plan, sampler, per):
         o = plan.order if plan is not None else None

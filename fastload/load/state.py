@@ -27,6 +27,8 @@ The state (``version`` 1; typed as ``LoaderState`` below, which validates every 
                         a stateful map-style dataset's per worker, mid-epoch)
     fetcher             {"iter_state", "ended"} (optional): an iterable dataset's iterator state
                         and whether it ran out (``num_workers=0``, mid-epoch)
+    ahead               (optional) ``in_order=False``, map-style: positions past ``batches`` of
+                        the epoch's batches already yielded out of order (skipped on resume)
     worker_seed         (optional) torch's base seed of the epoch's worker processes (mid-epoch,
                         ``num_workers > 0``): a resumed epoch's workers are seeded as the saved
                         run's were, so a dataset drawing from torch's RNG in them draws the same
@@ -316,10 +318,11 @@ class LoaderState:
     workers: WorkerStates | None
     fetcher: FetcherState | None = None
     worker_seed: int | None = None
+    ahead: tuple[int, ...] = ()
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("dataset", "epoch", "batches", "batch_size", "seed", "generator",
                                            "order", "sample_seed", "dataset_state", "workers")
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("fetcher", "worker_seed")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("fetcher", "worker_seed", "ahead")
 
     @classmethod
     def from_dict(cls, sd: Any, *, coherent: bool = True) -> LoaderState:
@@ -352,7 +355,7 @@ class LoaderState:
                     sample_seed=r.int("sample_seed", low=None, none=True), dataset_state=sd["dataset_state"],
                     workers=WorkerStates.read(sd["workers"]) if sd["workers"] is not None else None,
                     fetcher=FetcherState.read(sd.get("fetcher")),
-                    worker_seed=r.int("worker_seed", low=None, none=True))
+                    worker_seed=r.int("worker_seed", low=None, none=True), ahead=_read_ahead(sd))
         if coherent:
             state.check_coherent()
         return state
@@ -387,7 +390,18 @@ class LoaderState:
             sd["fetcher"] = self.fetcher.to_dict()
         if self.worker_seed is not None:
             sd["worker_seed"] = self.worker_seed
+        if self.ahead:
+            sd["ahead"] = list(self.ahead)
         return sd
+
+
+def _read_ahead(sd: Mapping) -> tuple[int, ...]:
+    v = sd.get("ahead", [])
+    if (not isinstance(v, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in v)
+            or any(x < sd["batches"] for x in v)):
+        raise _corrupt("'ahead'", f"expected a list of batch positions past 'batches' ({sd['batches']}), "
+                                  f"got {_describe(v)}")
+    return tuple(sorted(set(v)))
 
 
 def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None, seed: int | None,

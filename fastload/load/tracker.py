@@ -70,6 +70,8 @@ class EpochRecord:
         self.snapshot: WorkerStates | None = None  # ... as of the last snapshot step (``snapshot_at``)
         self.snapshot_at = 0
         self.worker_seed: int | None = None  # torch's base seed of this epoch's worker processes
+        self.ahead: tuple[int, ...] = plan.ahead if plan is not None else ()  # in_order=False: positions
+        self.front: int | None = None  # ... past ``front``, the first position not yielded, already yielded
 
     @property
     def position(self) -> int:
@@ -241,6 +243,33 @@ class ResumeTracker:
             return 0
         return plan.batches - w.replay
 
+    def out_of_order(self, received: int, ahead: list[int]) -> None:
+        """``in_order=False`` (map-style, workers): the iterator's batches ``< received`` and those in
+        ``ahead`` (its own send indices) are yielded; kept as epoch positions (``ahead``)."""
+        rec = self.live
+        if rec is None or self.iterable:
+            return
+        skipped = rec.plan.ahead if rec.plan is not None else ()
+        pos, nxt, i = [], rec.base, 0
+        todo = sorted(set(ahead) | {received})
+        for want in todo:  # send index i -> the i-th position from base that the resume did not skip
+            while True:
+                if nxt not in skipped:
+                    if i == want:
+                        break
+                    i += 1
+                nxt += 1
+            pos.append(nxt)
+        front = pos[todo.index(received)]
+        rec.front = front
+        rec.ahead = tuple(sorted({p for p in pos if p > front or (p == front and received in ahead)}
+                                 | {p for p in skipped if p >= front}))
+        if front in rec.ahead:  # the batch at ``received`` was yielded too: the front moves past the run
+            while front in rec.ahead:
+                front += 1
+            rec.front = front
+            rec.ahead = tuple(p for p in rec.ahead if p > front)
+
     def batch_yielded(self) -> None:
         rec = self.live
         if rec is None:
@@ -290,8 +319,8 @@ class ResumeTracker:
             order=None, sample_seed=None, dataset_state=None, workers=None)
         changes: dict = {}
         if rec is not None and not rec.finished:
-            changes.update(epoch=rec.epoch, batches=rec.position, sample_seed=rec.sample_seed,
-                           worker_seed=rec.worker_seed)
+            changes.update(epoch=rec.epoch, batches=rec.position if rec.front is None else rec.front,
+                           ahead=rec.ahead, sample_seed=rec.sample_seed, worker_seed=rec.worker_seed)
             order = rec.order
             if order is None and not self.iterable:  # iter() was called, next() not yet
                 order = self.index.pending_order(rec)

@@ -202,3 +202,79 @@ def test_a_state_between_epochs_of_persistent_workers_keeps_their_dataset_copies
     other = make()
     other.load_state_dict(sd)
     assert list(other) == expected
+
+
+class InPlaceState(IterableDataset):
+    """Its state_dict() returns the very dict it goes on changing (torchdata's PeriodicStateIterableDataset)."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n, self.state = n, {"step": 0, "seen": [0, 0, 0]}
+
+    def __iter__(self):
+        while self.state["step"] < self.n:
+            self.state["step"] += 1
+            self.state["seen"][self.state["step"] % 3] += 1
+            yield (self.state["step"], list(self.state["seen"]))
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, sd):
+        self.state = {"step": sd["step"], "seen": list(sd["seen"])}
+
+
+@pytest.mark.parametrize("k", [3, 9, 15])
+def test_a_worker_state_is_the_one_at_its_batch_though_the_worker_reads_ahead(k):
+    # the worker's queue pickles a batch later, in a thread, while the worker reads ahead and
+    # changes the dict its state_dict() returned: the state is copied with the batch
+    rest, resumed = rest_and_resumed(lambda: DataLoader(InPlaceState(), batch_size=1, num_workers=2,
+                                                        collate_fn=ident), k)
+    assert resumed == rest and rest
+
+
+@pytest.mark.parametrize("saved, now", [(0, 2), (2, 0), (2, 1)])
+def test_a_stateful_map_datasets_state_refuses_another_worker_count(saved, now):
+    from fastload import ResumeStateError
+
+    loader = DataLoader(StatefulRandomDraws(), batch_size=3, num_workers=saved, collate_fn=ident)
+    it = iter(loader)
+    next(it)
+    sd = loader.state_dict()
+    del it
+    with pytest.raises(ResumeStateError, match="num_workers"):
+        DataLoader(StatefulRandomDraws(), batch_size=3, num_workers=now, collate_fn=ident).load_state_dict(sd)
+
+
+class SlowFirst(Dataset):
+    """Sample 0 waits until a file exists, so with in_order=False the batches after it come first."""
+
+    def __init__(self, n: int, gate: str) -> None:
+        self.n, self.gate = n, gate
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        import os
+        import time
+
+        while i == 0 and not os.path.exists(self.gate):
+            time.sleep(0.01)
+        return i
+
+
+def test_out_of_order_batches_are_resumed_without_loss_or_repeat(tmp_path):
+    gate = tmp_path / "go"
+    ds = SlowFirst(10, str(gate))
+    loader = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
+    it = iter(loader)
+    got = [int(next(it)) for _ in range(4)]
+    assert 0 not in got  # sample 0 is held back; 4 later ones were handed out ahead of it
+    sd = loader.state_dict()
+    del it
+    gate.touch()
+    other = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
+    other.load_state_dict(sd)
+    rest = [int(x) for x in other]
+    assert sorted(got + rest) == list(range(10))
+    assert 0 in rest
