@@ -245,11 +245,11 @@ def test_a_stateful_map_datasets_state_refuses_another_worker_count(saved, now):
         DataLoader(StatefulRandomDraws(), batch_size=3, num_workers=now, collate_fn=ident).load_state_dict(sd)
 
 
-class SlowFirst(Dataset):
-    """Sample 0 waits until a file exists, so with in_order=False the batches after it come first."""
+class Gated(Dataset):
+    """Sample i in ``gates`` waits until its file exists, so with in_order=False later batches come first."""
 
-    def __init__(self, n: int, gate: str) -> None:
-        self.n, self.gate = n, gate
+    def __init__(self, n: int, gates: dict[int, str]) -> None:
+        self.n, self.gates = n, gates
 
     def __len__(self) -> int:
         return self.n
@@ -258,14 +258,15 @@ class SlowFirst(Dataset):
         import os
         import time
 
-        while i == 0 and not os.path.exists(self.gate):
+        gate = self.gates.get(i)
+        while gate is not None and not os.path.exists(gate):
             time.sleep(0.01)
         return i
 
 
 def test_out_of_order_batches_are_resumed_without_loss_or_repeat(tmp_path):
     gate = tmp_path / "go"
-    ds = SlowFirst(10, str(gate))
+    ds = Gated(10, {0: str(gate)})
     loader = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
     it = iter(loader)
     got = [int(next(it)) for _ in range(4)]
@@ -278,3 +279,26 @@ def test_out_of_order_batches_are_resumed_without_loss_or_repeat(tmp_path):
     rest = [int(x) for x in other]
     assert sorted(got + rest) == list(range(10))
     assert 0 in rest
+
+
+def test_out_of_order_resumed_twice_hands_out_every_batch_once(tmp_path):
+    gates = {0: tmp_path / "g0", 6: tmp_path / "g6"}
+    ds = Gated(14, {i: str(p) for i, p in gates.items()})
+
+    def part(sd, n, opens):
+        loader = DataLoader(ds, batch_size=None, num_workers=2, in_order=False)
+        if sd is not None:
+            loader.load_state_dict(sd)
+        if opens is not None:
+            opens.touch()
+        it = iter(loader)
+        got = [int(next(it)) for _ in range(n)] if n else [int(x) for x in it]
+        sd = loader.state_dict()
+        del it
+        return got, sd
+
+    first, sd = part(None, 4, None)
+    second, sd = part(sd, 4, gates[0])
+    third, _ = part(sd, 0, gates[6])
+    assert 0 not in first and 6 not in first + second
+    assert sorted(first + second + third) == list(range(14))
