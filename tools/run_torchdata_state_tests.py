@@ -8,7 +8,8 @@ script copies it to a temporary folder with ``StatefulDataLoader`` replaced by
 tests start sees the replacement), runs it with pytest, then runs the unmodified file as the
 baseline, and reports tests that pass with torchdata's StatefulDataLoader but not with ours.
 
-    git --git-dir=<pytorch/data clone> show v0.11.0:test/stateful_dataloader/test_state_dict.py > /tmp/test_state_dict.py
+    git --git-dir=<pytorch/data clone> show v0.11.0:test/stateful_dataloader/test_state_dict.py \\
+        > /tmp/test_state_dict.py
     python tools/run_torchdata_state_tests.py /tmp/test_state_dict.py [-k EXPR] [--only fastload|torchdata]
 
 Needs ``pip install parameterized expecttest psutil pytest-timeout`` (the suite's and

@@ -360,6 +360,12 @@ class ResumeTracker:
         st = _state.check_state(sd, kind=facts["kind"], length=facts["length"], identity=facts["identity"],
                                 seed=facts["seed"], batch_size=loader.batch_size,
                                 distributed=facts["distributed"], num_workers=loader.num_workers)
+        if not self.iterable and not self.map_stateful and (st.dataset_state is not None or st.workers is not None):
+            raise ResumeStateError(
+                "loader state holds a map-style dataset's own state (saved by backend='processes' over a dataset "
+                "with state_dict()/load_state_dict()); this loader cannot give it back (backend="
+                f"{getattr(loader, 'backend', 'processes')!r}, dataset {type(loader.dataset).__name__}).\nHINT: "
+                "resume with backend='processes' over the same dataset class.")
         if self.iterable or self.map_stateful:
             if (st.dataset_state is not None or st.fetcher is not None) and loader.num_workers > 0:
                 raise _state.mismatch_error("num_workers", 0, loader.num_workers, "the state holds one dataset "

@@ -302,3 +302,16 @@ def test_out_of_order_resumed_twice_hands_out_every_batch_once(tmp_path):
     third, _ = part(sd, 0, gates[6])
     assert 0 not in first and 6 not in first + second
     assert sorted(first + second + third) == list(range(14))
+
+
+def test_a_stateful_map_datasets_state_is_refused_where_it_cannot_be_given_back():
+    from fastload import ResumeStateError
+
+    loader = DataLoader(StatefulRandomDraws(), batch_size=3, num_workers=2, collate_fn=ident)
+    it = iter(loader)
+    next(it)
+    sd = loader.state_dict()
+    del it
+    with pytest.raises(ResumeStateError, match="backend='processes'"):
+        DataLoader(StatefulRandomDraws(), batch_size=3, num_workers=2, backend="threads",
+                   collate_fn=ident).load_state_dict(sd)
