@@ -20,6 +20,7 @@ touch samples.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from typing import Any
@@ -94,6 +95,17 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
         self._rotate = 0
         super().__init__(loader)
 
+    @property
+    def _base_seed(self) -> int:
+        return self.__dict__["_fl_base_seed"]
+
+    @_base_seed.setter
+    def _base_seed(self, drawn: int) -> None:
+        # torch draws it (from the loader's generator) before starting the workers; a resumed
+        # epoch's workers get the saved run's, so their RNG draws are the uninterrupted run's
+        saved = self._tracker.saved_worker_seed() if self._tracker is not None else None
+        self.__dict__["_fl_base_seed"] = drawn if saved is None else saved
+
     def _reset(self, loader, first_iter=False) -> None:
         self._rotate = self._tracker.epoch_started(self)
         super()._reset(loader, first_iter)
@@ -121,6 +133,10 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
         while True:
             data = super()._next_data()
             if data is not _SKIP:
+                if not self._in_order and not self._tracker.iterable:
+                    # a batch handed out ahead of its turn: the state says which (``ahead``)
+                    self._tracker.out_of_order(self._rcvd_idx, [i for i in range(self._rcvd_idx, self._send_idx)
+                                                                if i not in self._task_info])
                 return data
 
     def _process_data(self, data, worker_idx):
@@ -177,6 +193,7 @@ class WorkerInit:
             _TRACK = _WorkerTrack(info.dataset, worker_id, saved.states[worker_id] if saved is not None else None,
                                   iter_state, ended)
             _fetch_module._IterableDatasetFetcher.fetch = _tracked_fetch  # this worker process's copy only
+            _fetch_module._MapDatasetFetcher.fetch = _tracked_map_fetch
         if self.seeding:
             info.dataset.__getitems__ = _SeededGetItems(info.dataset)
         if self.user_fn is not None:
@@ -237,7 +254,9 @@ class _WorkerTrack:
         """torchdata's rule: the dataset's state unless it is its own iterator, and the iterator's."""
         it = fetcher.dataset_iter
         ds = self.dataset.state_dict() if is_stateful(self.dataset) and it is not self.dataset else None
-        return ds, it.state_dict() if is_stateful(it) else None
+        # copied now: the queue pickles later, in its feeder thread, while the worker goes on
+        # reading ahead and may change the objects a state_dict() returned (torchdata copies too)
+        return copy.deepcopy(ds), copy.deepcopy(it.state_dict()) if is_stateful(it) else None
 
 
 _TRACK: _WorkerTrack | None = None
@@ -274,6 +293,18 @@ def _tracked_fetch(self, possibly_batched_index):
         if ds is not None or it is not None:
             return WithState(batch, t.worker_id, ds, it, bool(self.ended))
     return batch
+
+
+_ORIG_MAP_FETCH = _fetch_module._MapDatasetFetcher.fetch
+
+
+def _tracked_map_fetch(self, possibly_batched_index):
+    """torch's map-style fetch in a worker, reporting a stateful dataset's state with the batch."""
+    batch = _ORIG_MAP_FETCH(self, possibly_batched_index)
+    t = _TRACK
+    if t is None or self.dataset is not t.dataset:
+        return batch
+    return WithState(batch, t.worker_id, copy.deepcopy(t.dataset.state_dict()), None, False)  # see states()
 
 
 def _find_distributed(index_sampler):
@@ -371,6 +402,11 @@ class ResumableIndex:
                     part.load_state_dict(order.sampler)
             it = iter(self.inner)
             first = list(itertools.islice(it, skip + 1))
+            if user["global"] == order.rng.get("global"):
+                # torch's RNG is exactly the one the order was drawn from (a state taken after
+                # iter() and before the first batch, then a dataset state that set torch's RNG
+                # loaded): the draw is the uninterrupted run's own, so it stays drawn
+                user = rng_snapshot({"global": gens["global"]})
         finally:
             # torch's global RNG is the user's: given back. The loader's and the sampler's own
             # generators stay where the replay left them, i.e. where the saved run's were after
@@ -379,8 +415,14 @@ class ResumableIndex:
             # far ahead of the caller the saving run's workers or threads had read the sampler.
             rng_restore(gens, user)
         rec.order = order
-        yield from first[skip:]
-        yield from it
+        ahead = set(rec.plan.ahead) if rec.plan is not None else set()
+        if not ahead:
+            yield from first[skip:]
+            yield from it
+            return
+        for pos, batch in enumerate(itertools.chain(first[skip:], it), start=skip):
+            if pos not in ahead:  # yielded out of order before the state was taken
+                yield batch
 
     def _distributed(self, rec, plan, sampler, per):
         o = plan.order if plan is not None else None

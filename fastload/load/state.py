@@ -1,8 +1,9 @@
 """What a loader state holds and how it is checked.
 
-Owns: the state format of ``fastload.DataLoader.state_dict()`` (a plain dict of ints, strings,
-bytes and the user's own sampler/dataset states: small, picklable, ``torch.save``-able, no
-sample data) and its validation (``check_state``: every mismatch is a ``ResumeStateError`` that
+Owns: the state format of ``fastload.DataLoader.state_dict()`` (a plain dict of ints, strings
+and the user's own sampler/dataset states: small, picklable, ``torch.save``-able, no sample data;
+JSON-serialisable when the user's own states are: RNG states are base64 text, and states saved
+with them as raw bytes still load) and its validation (``check_state``: every mismatch is a ``ResumeStateError`` that
 names the field, the saved and the current value). What a resumed epoch is rebuilt from (the
 dataset identity, per-sample augmentation seeds, the segment arithmetic of elastic resume) is
 ``replay.py``'s; its names are re-exported here, where ``load/dali.py`` and older code import them.
@@ -15,21 +16,28 @@ The state (``version`` 1; typed as ``LoaderState`` below, which validates every 
                         (an exhausted epoch is saved as ``epoch + 1, 0``)
     batch_size          of the loader that saved it
     seed                the order's seed: DistributedSampler.seed, or generator.initial_seed()
-    generator           the loader's ``generator`` state now (so later epochs match), or None
+    generator           the loader's ``generator`` state now (so later epochs match; base64), or None
     order               how the epoch's order is rebuilt (below), or None for a fresh epoch
     sample_seed         the seed of the per-sample augmentation RNG (fastload presets), or None
     dataset_state       an iterable dataset's own ``state_dict()`` (``num_workers=0``; None when
-                        the dataset is its own iterator: then ``fetcher.iter_state`` has it)
+                        the dataset is its own iterator: then ``fetcher.iter_state`` has it), or
+                        a stateful map-style dataset's (``num_workers=0``, as torchdata keeps it)
     workers             {"num_workers", "states", "next", "iter_states", "ended", "replay"}:
-                        per-worker dataset and iterator states (iterable, ``num_workers > 0``)
+                        per-worker dataset and iterator states (iterable, ``num_workers > 0``;
+                        a stateful map-style dataset's per worker, mid-epoch)
     fetcher             {"iter_state", "ended"} (optional): an iterable dataset's iterator state
                         and whether it ran out (``num_workers=0``, mid-epoch)
+    ahead               (optional) ``in_order=False``, map-style: positions past ``batches`` of
+                        the epoch's batches already yielded out of order (skipped on resume)
+    worker_seed         (optional) torch's base seed of the epoch's worker processes (mid-epoch,
+                        ``num_workers > 0``): a resumed epoch's workers are seeded as the saved
+                        run's were, so a dataset drawing from torch's RNG in them draws the same
 
 Iterable datasets follow torchdata's ``StatefulDataLoader`` (docs/resume-compat.md): the
 dataset's state is loaded before ``iter(dataset)`` and the iterator's after it; ``replay``
 counts the batches handed out since the workers' last snapshot (``snapshot_every_n_steps``),
 read again on resume. Fields added after version 1 first shipped (``fetcher``,
-``iter_states``, ``ended``, ``replay``, ``rng["loader"]``) are optional, so older states load.
+``iter_states``, ``ended``, ``replay``, ``rng["loader"]``, ``worker_seed``) are optional, so older states load.
 
 ``order`` is ``{"kind": "replay", "sampler": sampler_state | None, "rng": {...}}`` for every
 non-distributed sampler: the state the epoch's order was drawn from (the sampler's own
@@ -45,6 +53,7 @@ Must not: import torch's private iterator classes (``_resume_iter.py`` does), or
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,6 +84,11 @@ def mismatch_error(field: str, saved, current, hint: str) -> ResumeStateError:
 
 _CORRUPT_HINT = "HINT: the checkpoint was damaged or edited; resume from an earlier one."
 _GEN_STATE_BYTES: int | None = None
+
+
+def _b64(state: bytes | None) -> str | None:
+    """A generator state as the state dict holds it: base64 text, so the state is JSON-serialisable."""
+    return None if state is None else base64.b64encode(state).decode("ascii")
 
 
 def _corrupt(path: str, problem: str) -> ResumeStateError:
@@ -140,8 +154,13 @@ class _Reader:
         name = path or self._name(key)
         if v is None and none:
             return None
+        if isinstance(v, str):  # what to_dict writes (JSON-serialisable); bytes: states saved before
+            try:
+                v = base64.b64decode(v.encode("ascii"), validate=True)
+            except (ValueError, UnicodeEncodeError):
+                raise _corrupt(name, f"expected the base64 of a torch.Generator state, got {_describe(v)}") from None
         if not isinstance(v, (bytes, bytearray)):
-            raise _corrupt(name, f"expected the bytes of a torch.Generator state, got {_describe(v)}")
+            raise _corrupt(name, f"expected the base64 of a torch.Generator state, got {_describe(v)}")
         if _GEN_STATE_BYTES is None:
             _GEN_STATE_BYTES = int(torch.Generator().get_state().numel())
         if len(v) != _GEN_STATE_BYTES:
@@ -189,7 +208,7 @@ class ReplayOrder:
         return cls(sampler=r.get("sampler"), rng=states)
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "sampler": self.sampler, "rng": dict(self.rng)}
+        return {"kind": self.kind, "sampler": self.sampler, "rng": {k: _b64(v) for k, v in self.rng.items()}}
 
 
 @dataclass(frozen=True)
@@ -298,10 +317,12 @@ class LoaderState:
     dataset_state: Any
     workers: WorkerStates | None
     fetcher: FetcherState | None = None
+    worker_seed: int | None = None
+    ahead: tuple[int, ...] = ()
 
     REQUIRED: ClassVar[tuple[str, ...]] = ("dataset", "epoch", "batches", "batch_size", "seed", "generator",
                                            "order", "sample_seed", "dataset_state", "workers")
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("fetcher",)
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("fetcher", "worker_seed", "ahead")
 
     @classmethod
     def from_dict(cls, sd: Any, *, coherent: bool = True) -> LoaderState:
@@ -333,7 +354,8 @@ class LoaderState:
                     generator=r.rng("generator", none=True), order=order,
                     sample_seed=r.int("sample_seed", low=None, none=True), dataset_state=sd["dataset_state"],
                     workers=WorkerStates.read(sd["workers"]) if sd["workers"] is not None else None,
-                    fetcher=FetcherState.read(sd.get("fetcher")))
+                    fetcher=FetcherState.read(sd.get("fetcher")),
+                    worker_seed=r.int("worker_seed", low=None, none=True), ahead=_read_ahead(sd))
         if coherent:
             state.check_coherent()
         return state
@@ -347,7 +369,7 @@ class LoaderState:
         if not iterable and self.batches and self.order is None:
             raise _corrupt("'order'", f"None, but {self.batches} batches of the epoch were already yielded: a "
                                       "mid-epoch state must say how the epoch's order is rebuilt")
-        for name in ("dataset_state", "workers", "fetcher"):
+        for name in ("fetcher",):  # a map-style dataset's own state_dict() is kept as dataset_state / workers
             if not iterable and getattr(self, name) is not None:
                 raise _corrupt(f"'{name}'", "set, but only an iterable dataset's state has one")
         if self.workers is not None and (self.dataset_state is not None or self.fetcher is not None):
@@ -361,12 +383,25 @@ class LoaderState:
     def to_dict(self) -> dict:
         sd = {"format": STATE_FORMAT, "version": STATE_VERSION, "dataset": self.dataset.to_dict(),
               "epoch": self.epoch, "batches": self.batches, "batch_size": self.batch_size, "seed": self.seed,
-              "generator": self.generator, "order": self.order.to_dict() if self.order is not None else None,
+              "generator": _b64(self.generator), "order": self.order.to_dict() if self.order is not None else None,
               "sample_seed": self.sample_seed, "dataset_state": self.dataset_state,
               "workers": self.workers.to_dict() if self.workers is not None else None}
         if self.fetcher is not None:
             sd["fetcher"] = self.fetcher.to_dict()
+        if self.worker_seed is not None:
+            sd["worker_seed"] = self.worker_seed
+        if self.ahead:
+            sd["ahead"] = list(self.ahead)
         return sd
+
+
+def _read_ahead(sd: Mapping) -> tuple[int, ...]:
+    v = sd.get("ahead", [])
+    if (not isinstance(v, (list, tuple)) or any(isinstance(x, bool) or not isinstance(x, int) for x in v)
+            or any(x < sd["batches"] for x in v)):
+        raise _corrupt("'ahead'", f"expected a list of batch positions past 'batches' ({sd['batches']}), "
+                                  f"got {_describe(v)}")
+    return tuple(sorted(set(v)))
 
 
 def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None, seed: int | None,

@@ -69,6 +69,9 @@ class EpochRecord:
         self.workers: WorkerStates | None = None   # iterable, num_workers>0: the latest per-worker states
         self.snapshot: WorkerStates | None = None  # ... as of the last snapshot step (``snapshot_at``)
         self.snapshot_at = 0
+        self.worker_seed: int | None = None  # torch's base seed of this epoch's worker processes
+        self.ahead: tuple[int, ...] = plan.ahead if plan is not None else ()  # in_order=False: positions
+        self.front: int | None = None  # ... past ``front``, the first position not yielded, already yielded
 
     @property
     def position(self) -> int:
@@ -93,6 +96,10 @@ class ResumeTracker:
         self.live: EpochRecord | None = None
         self.index = None  # the ResumableIndex around the loader's index sampler (_resume_iter.py)
         self.iterable = isinstance(loader.dataset, IterableDataset)
+        # a map-style dataset with torchdata's state_dict()/load_state_dict() (e.g. one drawing from
+        # torch's RNG in __getitem__): its state is kept as torchdata keeps it, per worker process
+        self.map_stateful = (not self.iterable and getattr(loader, "backend", "processes") == "processes"
+                             and is_stateful(loader.dataset))
         self.seeding = (not self.iterable and loader.batch_sampler is not None
                         and _replay.uses_fastload_preset(loader.dataset))
         self._ident: tuple[str | None] | None = None
@@ -129,8 +136,8 @@ class ResumeTracker:
             return new_iterator()
         if plan.order is None and not plan.batches and plan.workers is None and plan.fetcher is None:
             # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
-            if self.iterable and plan.dataset_state is not None:
-                loader.dataset.load_state_dict(plan.dataset_state)
+            if (self.iterable or self.map_stateful) and plan.dataset_state is not None:
+                loader.dataset.load_state_dict(plan.dataset_state)  # then iter() draws as the next epoch would
             return new_iterator()
         if self.iterable and loader.num_workers == 0 and plan.dataset_state is not None:
             loader.dataset.load_state_dict(plan.dataset_state)  # 1. the dataset, 2. iter() (torch), 3. its iterator
@@ -141,13 +148,19 @@ class ResumeTracker:
             # saving run's workers or threads had read ahead; only torch's global RNG is kept
             gens = {"global": gens["global"]}
         now = _replay.rng_snapshot(gens)
+        user_rng = False  # a loaded iterator state may set torch's RNG itself (torchdata's tests' do)
         try:  # building the resumed iterator must not consume the user's random draws
             it = new_iterator()
+            _replay.rng_restore(gens, now)
             rec = self.live
+            if self.map_stateful and plan.dataset_state is not None:
+                loader.dataset.load_state_dict(plan.dataset_state)
+                user_rng = True
             if self.iterable and plan.fetcher is not None and rec is not None and rec.fetcher is not None:
                 fetcher = rec.fetcher
                 if plan.fetcher.iter_state is not None and is_stateful(fetcher.dataset_iter):
                     fetcher.dataset_iter.load_state_dict(plan.fetcher.iter_state)
+                    user_rng = True
                 if plan.fetcher.ended:
                     from fastload.load._resume_iter import settle_ended
 
@@ -156,7 +169,8 @@ class ResumeTracker:
                 for _ in range(plan.batches - rec.base):  # no state (or a snapshot behind): read them again
                     next(it)
         finally:
-            _replay.rng_restore(gens, now)
+            if not user_rng:
+                _replay.rng_restore(gens, now)
         return it
 
     def facts(self, loader) -> dict:
@@ -176,6 +190,11 @@ class ResumeTracker:
 
     # ---- what the iterators report ----------------------------------------------------------
 
+    def saved_worker_seed(self) -> int | None:
+        """The loaded mid-epoch state's worker base seed, for the iterator about to start workers."""
+        plan = self.plan
+        return plan.worker_seed if plan is not None else None
+
     def epoch_started(self, it) -> int:
         """A new iterator starts its epoch; returns the worker to read first (iterable, workers)."""
         loader = self._loader()
@@ -194,7 +213,7 @@ class ResumeTracker:
         if plan is not None:
             rec.base = plan.batches if not self.iterable else self._resumed_base(plan, loader.num_workers)
         rotate = 0
-        if self.iterable and loader.num_workers > 0:
+        if (self.iterable or self.map_stateful) and loader.num_workers > 0:
             n = loader.num_workers
             saved = plan.workers if plan is not None else None
             if saved is not None:
@@ -203,6 +222,8 @@ class ResumeTracker:
                                                 iter_states=(None,) * n, ended=(None,) * n)
             rec.snapshot, rec.snapshot_at = rec.workers, rec.base
             rotate = rec.workers.next
+        if loader.num_workers > 0:
+            rec.worker_seed = getattr(it, "_base_seed", None)
         if self.iterable and loader.num_workers == 0:
             rec.fetcher = getattr(it, "_dataset_fetcher", None)
         self.live = rec
@@ -222,6 +243,33 @@ class ResumeTracker:
             return 0
         return plan.batches - w.replay
 
+    def out_of_order(self, received: int, ahead: list[int]) -> None:
+        """``in_order=False`` (map-style, workers): the iterator's batches ``< received`` and those in
+        ``ahead`` (its own send indices) are yielded; kept as epoch positions (``ahead``)."""
+        rec = self.live
+        if rec is None or self.iterable:
+            return
+        skipped = rec.plan.ahead if rec.plan is not None else ()
+        pos, nxt, i = [], rec.base, 0
+        todo = sorted(set(ahead) | {received})
+        for want in todo:  # send index i -> the i-th position from base that the resume did not skip
+            while True:
+                if nxt not in skipped:
+                    if i == want:
+                        break
+                    i += 1
+                nxt += 1
+            pos.append(nxt)
+        front = pos[todo.index(received)]
+        rec.front = front
+        rec.ahead = tuple(sorted({p for p in pos if p > front or (p == front and received in ahead)}
+                                 | {p for p in skipped if p >= front}))
+        if front in rec.ahead:  # the batch at ``received`` was yielded too: the front moves past the run
+            while front in rec.ahead:
+                front += 1
+            rec.front = front
+            rec.ahead = tuple(p for p in rec.ahead if p > front)
+
     def batch_yielded(self) -> None:
         rec = self.live
         if rec is None:
@@ -231,7 +279,8 @@ class ResumeTracker:
             loader = self._loader()
             if loader is not None and hasattr(loader, "first_batch_arrived"):
                 loader.first_batch_arrived(rec.epoch)
-        if rec.workers is not None and self.snapshot_every and rec.position % self.snapshot_every == 0:
+        if rec.workers is not None and (self.map_stateful or (self.snapshot_every
+                                                              and rec.position % self.snapshot_every == 0)):
             rec.snapshot, rec.snapshot_at = rec.workers, rec.position
 
     def worker_state(self, worker_id: int, state, iter_state, ended: bool, *, batch: bool) -> None:
@@ -270,7 +319,8 @@ class ResumeTracker:
             order=None, sample_seed=None, dataset_state=None, workers=None)
         changes: dict = {}
         if rec is not None and not rec.finished:
-            changes.update(epoch=rec.epoch, batches=rec.position, sample_seed=rec.sample_seed)
+            changes.update(epoch=rec.epoch, batches=rec.position if rec.front is None else rec.front,
+                           ahead=rec.ahead, sample_seed=rec.sample_seed, worker_seed=rec.worker_seed)
             order = rec.order
             if order is None and not self.iterable:  # iter() was called, next() not yet
                 order = self.index.pending_order(rec)
@@ -285,6 +335,15 @@ class ResumeTracker:
                 changes.update(self._single_process_states(loader.dataset, rec.fetcher))
         elif self.iterable and loader.num_workers == 0 and is_stateful(loader.dataset):
             changes["dataset_state"] = loader.dataset.state_dict()  # between epochs
+        elif rec is not None and rec.workers is not None and loader.persistent_workers:
+            # between epochs, persistent workers: the next epoch reads the workers' dataset copies
+            # as the last one left them (not fresh copies of this process's dataset), so a resumed
+            # loader's new workers get those states; their iterators and ends were the last epoch's
+            n = rec.workers.num_workers
+            changes["workers"] = WorkerStates(num_workers=n, states=rec.workers.states, next=0,
+                                              iter_states=(None,) * n, ended=(None,) * n)
+        if self.map_stateful and loader.num_workers == 0:
+            changes["dataset_state"] = loader.dataset.state_dict()
         return dataclasses.replace(st, **changes).to_dict()
 
     @staticmethod
@@ -301,14 +360,25 @@ class ResumeTracker:
         st = _state.check_state(sd, kind=facts["kind"], length=facts["length"], identity=facts["identity"],
                                 seed=facts["seed"], batch_size=loader.batch_size,
                                 distributed=facts["distributed"], num_workers=loader.num_workers)
-        if self.iterable:
+        if not self.iterable and not self.map_stateful and (st.dataset_state is not None or st.workers is not None):
+            raise ResumeStateError(
+                "loader state holds a map-style dataset's own state (saved by backend='processes' over a dataset "
+                "with state_dict()/load_state_dict()); this loader cannot give it back (backend="
+                f"{getattr(loader, 'backend', 'processes')!r}, dataset {type(loader.dataset).__name__}).\nHINT: "
+                "resume with backend='processes' over the same dataset class.")
+        if self.iterable or self.map_stateful:
             if (st.dataset_state is not None or st.fetcher is not None) and loader.num_workers > 0:
                 raise _state.mismatch_error("num_workers", 0, loader.num_workers, "the state holds one dataset "
                                             "state (saved with num_workers=0): resume with num_workers=0.")
-            if getattr(loader, "_iterator", None) is not None:
-                raise ResumeStateError("load_state_dict on a loader whose persistent workers already run: "
-                                       "their dataset copies cannot take the state.\nHINT: call "
-                                       "load_state_dict before the first iter() of a new loader.")
+        running = getattr(loader, "_iterator", None)
+        if running is not None:
+            # persistent workers hold dataset copies that cannot take the state (iterable
+            # datasets) and indices already sent ahead: as torchdata does, the next iter()
+            # starts fresh workers from the state
+            loader._iterator = None
+            shutdown = getattr(running, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
         if st.generator is not None and isinstance(loader.generator, torch.Generator):
             loader.generator.set_state(torch.frombuffer(bytearray(st.generator), dtype=torch.uint8))
         self.live = None

@@ -191,7 +191,8 @@ def test_state_is_small_and_picklable_and_holds_no_samples(bk):
     next(it)
     sd = loader.state_dict()
     assert sd["epoch"] == 0 and sd["batches"] == 1
-    assert len(pickle.dumps(sd)) < 20_000  # RNG states only: the order of 10,000 samples is not in it
+    # RNG states only (three, ~6.7 KB each as base64 text): the order of 10,000 samples (>40 KB) is not in it
+    assert len(pickle.dumps(sd)) < 24_000
     assert roundtrip(sd) == sd
 
 
