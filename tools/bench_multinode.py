@@ -1,7 +1,8 @@
 """Across real links on one machine: conversion on 1 vs 2 Ray nodes, and streaming per node, cold and warm.
 
-    python tools/bench_multinode.py convert [--mbit 200] [--rounds 2] [--per-class 80] [--json OUT]
+    python tools/bench_multinode.py convert [--mbit 200] [--rounds 2] [--num-shards 16 ...] [--per-class 80] [--json OUT]
     python tools/bench_multinode.py stream [--mbit 100 400] [--rounds 2] [--per-class 80] [--json OUT]
+    python tools/bench_multinode.py get [--mbit 200] [--rounds 2]
 
 As root (network namespaces; tests/netns.py builds them): SeaweedFS in a node of its own, nodes a and b
 on a bridge, each node's link shaped with tc tbf to ``--mbit`` both ways. The data is the generated
@@ -10,9 +11,13 @@ default dataset (``--per-class`` images in each of 10 classes, 200-800 px JPEGs 
 ``convert``: the folder uploaded to ``s3://src/``, then ``fastload convert s3://src/... s3://dst/...
 --engine ray`` driven from node a, with a Ray head on a (1 CPU) alone or with a worker on b (1 CPU),
 the two alternating in rounds; per run: wall seconds and images/s (the driver's own report line), bytes
-each node's link received and sent, and the CPU seconds SeaweedFS spent. Beside it, one core's rate
+each node's link received and sent, and the CPU seconds SeaweedFS spent. With several
+``--num-shards``, each is run per node count: the difference is the cost of a task beyond its images. Beside it, one core's rate
 converting the same folder from local disk (``--workers 1``, no network), and the link's capacity,
 so the table says which of CPU, link and server bounds the conversion.
+
+``get``: the round trip of one source image's GET (100 KB objects, sequential), from node a alone
+and from both nodes at once: what a conversion task pays per source file before any decoding.
 
 ``stream``: the folder converted to 16 shards, published to the bucket; for each rate, both nodes read
 the store as ranks 0 and 1 of 2 (tools/multinode_reader.py, 1 worker each), one cold epoch (empty cache)
@@ -118,17 +123,18 @@ def convert(args, tmp: Path, cluster: Cluster, tree: Path, n_images: int) -> dic
         for nodes in ((1, 2) if r % 2 == 0 else (2, 1)):
             if nodes == 2:
                 _ray_worker(a, b, bucket, True)
-            before = {n.name: n.link_bytes() for n in (a, b)}
-            cpu0 = _weed_cpu(bucket)
-            out = a.run([_bin("fastload"), "convert", "s3://src/tree/", f"s3://dst/r{r}n{nodes}/", "--engine", "ray",
-                         "--address", f"{a.address}:6379", "--num-shards", "16", "-q"], env=_ray_env(a, bucket),
-                        timeout=3600).stdout
-            link = {n.name: [x - y for x, y in zip(n.link_bytes(), before[n.name])] for n in (a, b)}
-            m = re.search(r"in ([\d.]+)s \(([\d.]+) img/s\)", out)
-            rows.append({"round": r, "nodes": nodes, "seconds": float(m.group(1)), "images_per_s": float(m.group(2)),
-                         "received": {k: v[0] for k, v in link.items()}, "sent": {k: v[1] for k, v in link.items()},
-                         "server_cpu_s": _weed_cpu(bucket) - cpu0})
-            print(json.dumps(rows[-1]), flush=True)
+            for shards in (args.num_shards if r % 2 == 0 else list(reversed(args.num_shards))):
+                before = {n.name: n.link_bytes() for n in (a, b)}
+                cpu0 = _weed_cpu(bucket)
+                out = a.run([_bin("fastload"), "convert", "s3://src/tree/", f"s3://dst/r{r}n{nodes}s{shards}/", "--engine",
+                             "ray", "--address", f"{a.address}:6379", "--num-shards", str(shards), "-q"],
+                            env=_ray_env(a, bucket), timeout=3600).stdout
+                link = {n.name: [x - y for x, y in zip(n.link_bytes(), before[n.name])] for n in (a, b)}
+                m = re.search(r"in ([\d.]+)s \(([\d.]+) img/s\)", out)
+                rows.append({"round": r, "nodes": nodes, "shards": shards, "seconds": float(m.group(1)),
+                             "images_per_s": float(m.group(2)), "received": {k: v[0] for k, v in link.items()},
+                             "sent": {k: v[1] for k, v in link.items()}, "server_cpu_s": _weed_cpu(bucket) - cpu0})
+                print(json.dumps(rows[-1]), flush=True)
             if nodes == 2:
                 _ray_worker(a, b, bucket, False)
     core = _per_core_rate(tree, tmp)
@@ -168,16 +174,55 @@ def stream(args, tmp: Path, cluster: Cluster, tree: Path, n_images: int) -> dict
     return {"images": n_images, "store_bytes": store_bytes, "shards": 16, "rows": rows}
 
 
+_GETS = """
+import sys, time
+from fastload.store import remote
+n = int(sys.argv[1])
+urls = [f"s3://src/obj{i}" for i in range(n)]
+remote.get_bytes(urls[0])
+t0 = time.perf_counter()
+for u in urls:
+    remote.get_bytes(u)
+print((time.perf_counter() - t0) / n * 1000)
+"""
+
+
+def gets(args, tmp: Path, cluster: Cluster, tree: Path, n_images: int) -> dict:
+    """Sequential GETs of 100 KB objects (a source image's size) from node a alone, then from a and b at once."""
+    bucket = cluster.bucket()
+    a, b = cluster.node("a"), cluster.node("b")
+    for node in (a, b):
+        node.shape(args.mbit[0])
+    bucket.make_bucket("src")
+    a.run([sys.executable, "-c", "from fastload.store import remote\nfor i in range(200): "
+           "remote.put_bytes(remote.RemoteLocation.parse(f's3://src/obj{i}'), b'x' * 100_000)"], env=bucket.env)
+    rows = []
+    for r in range(args.rounds):
+        alone = float(a.run([sys.executable, "-c", _GETS, "200"], env=bucket.env).stdout)
+        procs = [n.popen([sys.executable, "-c", _GETS, "200"], env=bucket.env, log=n.root / f"gets{r}.log")
+                 for n in (a, b)]
+        both = [p.wait(timeout=600) or float(p.log.read_text().split()[-1]) for p in procs]
+        rows.append({"round": r, "alone_ms": alone, "together_ms": both})
+        print(json.dumps(rows[-1]), flush=True)
+    return {"mbit": args.mbit[0], "object_bytes": 100_000, "rows": rows}
+
+
 def _table(kind: str, res: dict) -> None:
+    if kind == "get":
+        alone = [x["alone_ms"] for x in res["rows"]]
+        both = [y for x in res["rows"] for y in x["together_ms"]]
+        print(f"\nGET of a 100 KB object at {res['mbit']} Mbit/s: {statistics.median(alone):.1f} ms from one node "
+              f"(rounds {min(alone):.1f}-{max(alone):.1f}), {statistics.median(both):.1f} ms with both nodes at once")
+        return
     if kind == "convert":
         print(f"\nconvert {res['images']} images ({res['source_bytes'] / 1e6:.1f} MB of sources) at {res['mbit']} Mbit/s "
               f"per node; one core from local disk: {res['per_core_images_per_s']:.0f} img/s")
-        for nodes in (1, 2):
-            rows = [x for x in res["rows"] if x["nodes"] == nodes]
+        for nodes, shards in sorted({(x["nodes"], x["shards"]) for x in res["rows"]}):
+            rows = [x for x in res["rows"] if x["nodes"] == nodes and x["shards"] == shards]
             rates = [x["images_per_s"] for x in rows]
             sent = {k: statistics.median(x["sent"][k] for x in rows) / 1e6 for k in ("a", "b")}
             recv = {k: statistics.median(x["received"][k] for x in rows) / 1e6 for k in ("a", "b")}
-            print(f"  {nodes} node(s): {statistics.median(rates):.0f} img/s (rounds {min(rates):.0f}-{max(rates):.0f}); "
+            print(f"  {nodes} node(s), {shards} shards: {statistics.median(rates):.0f} img/s (rounds {min(rates):.0f}-{max(rates):.0f}); "
                   f"MB sent a/b {sent['a']:.1f}/{sent['b']:.1f}, received a/b {recv['a']:.1f}/{recv['b']:.1f}; "
                   f"server CPU {statistics.median(x['server_cpu_s'] for x in rows):.1f} s")
     else:
@@ -194,22 +239,26 @@ def _table(kind: str, res: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("kind", choices=["convert", "stream"])
+    ap.add_argument("kind", choices=["convert", "stream", "get"])
     ap.add_argument("--mbit", type=float, nargs="+", default=None)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--num-shards", type=int, nargs="+", default=[16], help="convert: shard counts compared")
     ap.add_argument("--per-class", type=int, default=80)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.mbit is None:
-        args.mbit = [200.0] if args.kind == "convert" else [100.0, 400.0]
+        args.mbit = [100.0, 400.0] if args.kind == "stream" else [200.0]
     if args.kind == "convert":
         args.mbit = args.mbit[0]
     tmp = Path(tempfile.mkdtemp(prefix="fl-multinode-"))
     cluster = Cluster(tmp / "cluster")
     try:
-        tree = make_dataset(tmp / "tree", DatasetSpec(per_class=args.per_class), workers=2)
-        n = sum(1 for p in tree.rglob("*") if p.suffix.lower() in {".jpg", ".jpeg", ".png"})
-        res = (convert if args.kind == "convert" else stream)(args, tmp, cluster, tree, n)
+        if args.kind == "get":
+            res = gets(args, tmp, cluster, tmp, 0)
+        else:
+            tree = make_dataset(tmp / "tree", DatasetSpec(per_class=args.per_class), workers=2)
+            n = sum(1 for p in tree.rglob("*") if p.suffix.lower() in {".jpg", ".jpeg", ".png"})
+            res = (convert if args.kind == "convert" else stream)(args, tmp, cluster, tree, n)
         _table(args.kind, res)
         if args.json:
             args.json.write_text(json.dumps(res, indent=1))
