@@ -201,7 +201,7 @@ def test_a_link_cut_past_the_budget_is_a_named_error_and_leaves_nothing_partial(
     assert not partial, partial
 
 
-def _ray_cluster_on(head, workers, bucket) -> dict[str, dict[str, str]]:
+def _ray_cluster_on(head, workers, bucket, *, check_refusal: bool = False) -> dict[str, dict[str, str]]:
     """A Ray head on ``head`` and one worker per node of ``workers``, token authentication on: the token
     made on the head (``ray get-auth-token --generate``) is copied into each node's own home, as a user
     distributes it. Each node gets one CPU and a short temp folder of its own. The environment of each."""
@@ -221,6 +221,12 @@ def _ray_cluster_on(head, workers, bucket) -> dict[str, dict[str, str]]:
               "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={head.cluster_temp}"],
              env=envs[head.name], timeout=180)
     for node in workers:
+        if check_refusal:  # authentication is on: a node holding another token is turned away
+            (node.root / "home" / ".ray" / "auth_token").write_text("0" * 64)
+            refused = node.run([ray, "start", f"--address={head.address}:6379", f"--node-ip-address={node.address}",
+                                "--num-cpus=1", "--disable-usage-stats"], env=envs[node.name], timeout=180, check=False)
+            assert refused.returncode != 0 and "InvalidAuthToken" in refused.stdout + refused.stderr, refused
+            node.kill()  # whatever that attempt left running
         shutil.copy(token, node.root / "home" / ".ray" / "auth_token")
         node.run([ray, "start", f"--address={head.address}:6379", f"--node-ip-address={node.address}",
                   "--num-cpus=1", "--disable-usage-stats"], env=envs[node.name], timeout=180)
@@ -246,7 +252,7 @@ def test_ray_conversion_across_two_nodes_with_token_auth(netns_cluster, tiny_tre
            "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
            "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
            "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
-    envs = _ray_cluster_on(a, [b], bucket)
+    envs = _ray_cluster_on(a, [b], bucket, check_refusal=True)
     fastload = str(Path(sys.executable).with_name("fastload"))
     sent = {node.name: node.link_bytes()[1] for node in (a, b)}
     ray_run = a.run([fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray",
