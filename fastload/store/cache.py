@@ -345,6 +345,13 @@ class ShardCache:
             st = (path / "data.mdb").stat()
         except (OSError, ValueError):
             return None
+        if isinstance(meta, dict) and "key" not in meta:  # a record from before it named its folder
+            url, tail = meta.get("url"), f"/{path.name}/data.mdb"
+            ours = (isinstance(url, str) and url.endswith(tail) and meta.get("size") == st.st_size
+                    and path.parent.name == ShardCache.key_for(url[:-len(tail)]))
+            # the cache's own download under that version's folder name (never one a newer key reads):
+            # counted and evicted as before, never served; a copy elsewhere does not sit under its key
+            return meta if ours and not intact else None
         if not isinstance(meta, dict) or meta.get("key") != path.parent.name or meta.get("name") != path.name:
             return None
         if intact and (meta.get("size") != st.st_size or meta.get("mtime_ns") != st.st_mtime_ns

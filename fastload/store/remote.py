@@ -187,7 +187,7 @@ class RemoteLocation:
                 why = "not of the form scheme://BUCKET/PREFIX"
             elif seen.group("scheme").lower() in SCHEMES and seen.group("scheme") not in SCHEMES:
                 scheme = seen.group("scheme")
-                why = f"the scheme {scheme}:// is written in lower case ({scheme.lower()}://)"
+                why = f"schemes are written in lower case: {scheme.lower()}://, not {scheme}://"
             elif seen.group("scheme") in SCHEMES:
                 why = "no bucket after " + seen.group("scheme") + "://"
             else:

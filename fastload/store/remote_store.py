@@ -125,10 +125,13 @@ class RemoteStoreReader:
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._endpoint_failed = -math.inf  # when a prefetch last failed on the endpoint (monotonic)
+        self._reading: dict[int, int] = {}  # shard -> reads in flight (threads): never given back meanwhile
+        self._pressed: set[int] = set()  # shards given back because the cache_limit asked for room
+        self._thrash_said = False
 
     def __getstate__(self) -> dict:  # leases, handles and threads stay in the process that made them
         state = dict(self.__dict__)
-        for k in ("_open", "_lock", "_pool", "_pid", "_samples"):
+        for k in ("_open", "_lock", "_pool", "_pid", "_samples", "_reading", "_pressed", "_thrash_said"):
             state.pop(k, None)
         return state
 
@@ -150,18 +153,30 @@ class RemoteStoreReader:
         return self.manifest.locate(index)
 
     # ---- shards ---------------------------------------------------------------------------
-    def _shard(self, i: int):
-        """``(lease, meta, resolved path)`` of shard ``i`` in this process, downloading it if needed."""
+    def _shard(self, i: int, *, hold: bool = False):
+        """``(lease, meta, resolved path)`` of shard ``i`` in this process, downloading it if needed.
+        ``hold``: a read of it is in flight until ``_let_go(i)`` (it is not given back meanwhile)."""
         if self._pid != os.getpid():
             self._reset()  # inherited through fork: the parent's leases are not ours (cache.py drops them)
         with self._lock:
             hit = self._open.get(i)
             if hit is not None:
                 self._open.move_to_end(i)
+                if hold:
+                    self._reading[i] = self._reading.get(i, 0) + 1
                 return hit
             while len(self._open) >= self.open_shards:  # give back the oldest first: it may be evicted
-                self._give_back_one()
+                if not self._give_back_one(pressed=False):
+                    break  # every shard held is being read (threads): hold one more for a moment
             spec = self.specs[i]
+            if i in self._pressed and not self._thrash_said:
+                self._thrash_said = True
+                largest = max(s.size for s in self.specs)
+                log.warning(
+                    "%s: shard %s was given back to make room under cache_limit=%s and is needed again: it may be "
+                    "downloaded again each time. HINT: a reader holds its window's shards and one more; raise "
+                    "cache_limit to at least %s bytes (5 x the largest shard, %s bytes) per process",
+                    self.path, spec.name, self.cache.limit, 5 * largest, largest)
             # a cache_limit that holds fewer shards than open_shards: the cache asks for ours back rather
             # than wait on them (this process would wait on itself for ever)
             lease = self.cache.acquire(spec, give_back=self._give_back_one)
@@ -198,16 +213,31 @@ class RemoteStoreReader:
                                         "convert it again.")
             # the path resolved once: open_readonly resolves it on every call (a few lstat per read)
             self._open[i] = (lease, meta, os.path.realpath(lease.path))
+            if hold:
+                self._reading[i] = self._reading.get(i, 0) + 1
             return self._open[i]
 
-    def _give_back_one(self) -> bool:
-        """Release the shard this process used least recently (handle closed, lease given back); False
-        when it holds none. Called with ``self._lock`` held."""
-        if not self._open:
-            return False
-        _j, (lease, _meta, _key) = self._open.popitem(last=False)
+    def _let_go(self, i: int) -> None:
+        with self._lock:
+            left = self._reading.get(i, 0) - 1
+            if left > 0:
+                self._reading[i] = left
+            else:
+                self._reading.pop(i, None)
+
+    def _give_back_one(self, pressed: bool = True) -> bool:
+        """Release the shard this process used least recently and no thread is reading (handle closed,
+        lease given back: it may be evicted at once); False when there is none. ``pressed``: the cache
+        asked for it to make room (remembered, to warn when the same shard is needed again). Called with
+        ``self._lock`` held."""
+        j = next((j for j in self._open if not self._reading.get(j)), None)
+        if j is None:
+            return False  # a shard a thread is reading is never closed under it
+        lease, _meta, _key = self._open.pop(j)
         release(lease.path)
         lease.release()
+        if pressed:
+            self._pressed.add(j)
         return True
 
     def prefetch_shards(self, shards: list[int]) -> None:
@@ -290,12 +320,14 @@ class RemoteStoreReader:
         import lmdb
 
         shard, local = self.locate(index)
-        lease, meta, key = self._shard(shard)
+        lease, meta, key = self._shard(shard, hold=True)
         try:
             with open_resolved(key).begin(buffers=False) as txn:
                 data = txn.get(fmt.sample_key(local))
         except lmdb.Error as exc:
             raise fmt.damaged(lease.path, f"LMDB failed reading sample {index}: {exc}") from None
+        finally:
+            self._let_go(shard)
         if data is None or (self.verify if verify is None else verify):
             problem = None
             if data is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import time
@@ -522,6 +523,38 @@ def test_a_limit_of_two_shards_with_one_sequential_reader_never_waits_on_itself(
         assert [ds.get_bytes(i) for i in range(len(ds))] == [local.get_bytes(i) for i in range(len(local))]
         assert [ds[i][1] for i in range(len(ds))] == local.targets
         assert ds._reader.cache.usage() <= 2 * biggest + biggest // 2
+
+
+def test_a_shard_given_back_under_the_limit_and_needed_again_is_said_once(store_url, local_shards, tmp_path, caplog):
+    """Under a limit that holds ~2 shards, a reader that reads the store twice gets each shard back by
+    downloading it again: before, nothing said so (a shuffled window under such a limit downloads a whole
+    shard for nearly every sample). One warning, naming the limit and the size that would do."""
+    biggest = max((p / "data.mdb").stat().st_size for p in local_shards.iterdir() if p.is_dir())
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache", cache_limit=2 * biggest + biggest // 2)
+    with caplog.at_level(logging.WARNING, logger="fastload"):
+        for _round in range(2):
+            for i in range(len(ds)):
+                ds.get_bytes(i)
+    said = [r.getMessage() for r in caplog.records if "given back to make room" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"cache_limit={2 * biggest + biggest // 2}" in said[0] and f"{5 * biggest} bytes" in said[0]
+
+
+def test_a_shard_a_thread_is_reading_is_never_given_back(store_url, tmp_path):
+    """With backend='threads', one thread's read of a shard could have its handle closed and the shard
+    evicted by another thread that needed room (the read then called an intact store damaged)."""
+    ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache")
+    reader = ds._reader
+    for j in (0, 1):
+        reader._shard(j)
+    reader._shard(0, hold=True)  # a read of shard 0 in flight, though 0 is the least recently used
+    with reader._lock:
+        assert reader._give_back_one()  # shard 1 goes, not shard 0
+        assert list(reader._open) == [0]
+        assert not reader._give_back_one()  # only the shard being read is left: nothing to give
+    reader._let_go(0)
+    with reader._lock:
+        assert reader._give_back_one() and not reader._open
 
 
 def test_a_store_re_uploaded_while_an_old_job_holds_its_shards_is_read_beside_it(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -410,6 +411,31 @@ def test_a_hand_made_copy_of_a_cache_entry_is_never_counted_nor_evicted(tmp_path
     assert [cache.cached(s) for s in specs] == [False, False, True, True, True]
     for copy in [cache_dir / "backup-copy" / s.name for s in specs[:2]] + [cache_dir / "k" / "shard-00000-copy"]:
         assert (copy / "data.mdb").stat().st_size == 1000, copy
+
+
+def test_entries_a_cache_of_the_previous_layout_downloaded_are_counted_and_evicted(tmp_path):
+    """Shards an older fastload downloaded sit under the store key it used then (no manifest identity), with
+    a record that does not name its folder: they were neither counted nor evicted, so cache_limit no
+    longer bounded the disk after an upgrade. They are the cache's own (under its old key): counted and
+    evicted first, never served; a hand-made copy of them elsewhere is still left alone."""
+    specs = make_remote(tmp_path / "remote", 4, size=1000)
+    url = "s3://bucket/store"
+    old = tmp_path / "cache" / ShardCache.key_for(url)
+    for s in specs[:2]:  # as the previous release published them
+        shard = old / s.name
+        shard.mkdir(parents=True)
+        shutil.copy(Path(s.url), shard / "data.mdb")
+        (shard / CACHE_META).write_text(json.dumps({"url": f"{url}/{s.name}/data.mdb", "size": s.size,
+                                                    "sha256": s.sha256, "fetched": time.time() - 100}))
+    shutil.copytree(old, tmp_path / "cache" / "backup-copy")
+    cache = ShardCache(tmp_path / "cache", store_key=ShardCache.key_for(url, b"{}"),
+                       fetch=CountingFetch(tmp_path / "log"), limit=3000)
+    assert cache.usage() == 2000  # the old entries count; the copy does not
+    for s in specs[2:]:
+        cache.acquire(s).release()
+        assert cache.usage() <= 3000
+    assert not (old / specs[0].name).exists()  # the oldest went first
+    assert all((tmp_path / "cache" / "backup-copy" / s.name / "data.mdb").exists() for s in specs[:2])
 
 
 def test_lock_and_partial_folders_removed_by_a_cleanup_are_made_again(tmp_path):
