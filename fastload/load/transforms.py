@@ -126,8 +126,9 @@ def _resize(chw: torch.Tensor, size: list[int]) -> torch.Tensor:
     """
     if list(chw.shape[-2:]) == size:
         return chw
-    return torch.nn.functional.interpolate(chw.unsqueeze(0), size=size, mode="bilinear", align_corners=False,
-                                           antialias=True)[0]
+    # the op ``F.interpolate(..., mode="bilinear", antialias=True)`` ends in, without its ~10 µs of
+    # Python argument checks per image (the same kernel, the same bytes: the pixel-contract tests)
+    return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None)[0]
 
 
 def _as_chw(img) -> torch.Tensor:
@@ -166,6 +167,9 @@ class TrainTransform:
             raise ValueError(f"ratio must be (min, max) with 0 < min <= max, got {ratio}")
         self.size, self.scale, self.ratio, self.flip_p = size, tuple(scale), tuple(ratio), flip_p
         self._rrc = _RRC(self.scale, self.ratio)
+        # the flip is drawn as a float32 and compared in float32 (torch's ``rand(1) < p``), without
+        # the ``lt`` op and its GIL release: one less hand-off per image in the thread pipeline
+        self._flip_p32 = float(np.float32(flip_p))
 
     def crop_box(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
         """The next random-resized crop ``(top, left, height, width)`` for an image of that size.
@@ -179,34 +183,48 @@ class TrainTransform:
         out = _resize(chw, [self.size, self.size])
         return out.flip(-1) if flip else out
 
+    def draw(self, data: bytes, generator: torch.Generator | None = None) -> tuple[int, int, int, int, int, int, bool]:
+        """The random draws of one ``from_bytes`` call: ``(height, width, top, left, crop h, crop w, flip)``.
+
+        From ``generator`` when given, else torch's global RNG, in ``from_bytes``' order.
+        """
+        h, w = image_size(data)
+        i, j, ch, cw = self._rrc(h, w, generator)
+        return h, w, i, j, ch, cw, torch.rand(1, generator=generator).item() < self._flip_p32
+
+    def decode_crop(self, data: bytes, drawn: tuple[int, int, int, int, int, int, bool]) -> torch.Tensor:
+        """The crop of ``drawn`` (from ``draw``) decoded as the preset decodes it, as a CHW view.
+
+        Only as much as the crop needs: the smallest DCT scale that leaves the crop at least
+        ``size`` on both sides (its box rounded outwards), else a region decode of the crop.
+        """
+        h, w, i, j, ch, cw, _ = drawn
+        min_h, min_w = math.ceil(h * self.size / ch), math.ceil(w * self.size / cw)
+        if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
+            return torch.from_numpy(decode_rgb_region(data, i, j, ch, cw)).permute(2, 0, 1)
+        arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
+        if arr.shape[:2] != (h, w):  # scaled decode: round the box outwards
+            fy, fx = arr.shape[0] / h, arr.shape[1] / w
+            y0, x0 = int(i * fy), int(j * fx)
+            y1 = min(arr.shape[0], math.ceil((i + ch) * fy))
+            x1 = min(arr.shape[1], math.ceil((j + cw) * fx))
+        else:
+            y0, x0, y1, x1 = i, j, i + ch, j + cw
+        return torch.from_numpy(arr).permute(2, 0, 1)[:, y0:y1, x0:x1]
+
     def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
         """Decode only as much as the crop needs, then crop, resize and flip.
 
         The crop and flip are drawn from ``generator`` when given (the thread pipeline
         gives each sample its own), else from torch's global RNG.
         """
-        h, w = image_size(data)
-        i, j, ch, cw = self.crop_box(h, w, generator)
-        flip = bool(torch.rand(1, generator=generator) < self.flip_p)
-        min_h, min_w = math.ceil(h * self.size / ch), math.ceil(w * self.size / cw)
-        if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
-            arr = decode_rgb_region(data, i, j, ch, cw)
-            return self._finish(torch.from_numpy(arr).permute(2, 0, 1), flip)
-        arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
-        fy, fx = arr.shape[0] / h, arr.shape[1] / w
-        if arr.shape[:2] != (h, w):  # scaled decode: round the box outwards
-            y0, x0 = int(i * fy), int(j * fx)
-            y1 = min(arr.shape[0], math.ceil((i + ch) * fy))
-            x1 = min(arr.shape[1], math.ceil((j + cw) * fx))
-        else:
-            y0, x0, y1, x1 = i, j, i + ch, j + cw
-        chw = torch.from_numpy(arr).permute(2, 0, 1)[:, y0:y1, x0:x1]
-        return self._finish(chw, flip)
+        drawn = self.draw(data, generator)
+        return self._finish(self.decode_crop(data, drawn), drawn[6])
 
     def __call__(self, img) -> torch.Tensor:
         chw = _as_chw(img)
         i, j, ch, cw = self.crop_box(chw.shape[1], chw.shape[2])
-        flip = bool(torch.rand(1) < self.flip_p)
+        flip = torch.rand(1).item() < self._flip_p32
         return self._finish(chw[:, i:i + ch, j:j + cw], flip)
 
     def __repr__(self) -> str:

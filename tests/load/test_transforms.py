@@ -60,6 +60,24 @@ def test_train_from_bytes_equals_torchvision_v2_on_the_decoded_image():
     assert exact >= 20
 
 
+def test_draw_and_decode_crop_are_from_bytes_split_in_two():
+    """``bench loader``'s decode floor decodes ``draw``'s crops with ``decode_crop``: the same draws (the
+    flip compared in float32, as torch's ``rand(1) < p``, also at a p float32 cannot hold) and pixels."""
+    t = TrainTransform(64, flip_p=0.3)
+    for data in (jpeg_bytes(photo(300, 260, seed=2)), jpeg_bytes(photo(900, 700, seed=3)), png_bytes(photo(90, 70))):
+        for seed in range(40):
+            h, w, i, j, ch, cw, flip = t.draw(data, torch.Generator().manual_seed(seed))
+            g = torch.Generator().manual_seed(seed)
+            assert (i, j, ch, cw) == t.crop_box(h, w, g)
+            assert flip == bool(torch.rand(1, generator=g) < 0.3)
+            g = torch.Generator().manual_seed(seed)
+            drawn = t.draw(data, g)
+            crop = t.decode_crop(data, drawn)
+            out = torch.nn.functional.interpolate(crop[None], size=[64, 64], mode="bilinear", antialias=True)[0]
+            expect = out.flip(-1) if flip else out
+            assert torch.equal(t.from_bytes(data, torch.Generator().manual_seed(seed)), expect)
+
+
 def test_train_on_large_jpeg_uses_scaled_decode_and_keeps_the_geometry():
     img = photo(1600, 1200, seed=2)
     data = jpeg_bytes(img)
