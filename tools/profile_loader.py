@@ -8,9 +8,11 @@ batch_size=64, collate_fn=collate_uint8)`` under ``py-spy record --native --subp
 --idle --format raw`` (py-spy is not a fastload dependency: ``pip install py-spy``), then
 puts every sample of every thread and process into one stage by its stack (``_STAGES``,
 first match from the leaf up): decode, crop/resize, flip, batch copy, normalise, hand-over
-(queues, pickling, shared memory, waiting on a batch), crop-box RNG, header parse, GIL wait
-(``take_gil`` on the stack), other Python per-sample work, idle. CPU time of a stage =
-its samples / rate; the figure is that divided by the images the loader handed out.
+(queues, pickling, shared memory), store read, crop-box RNG, header parse, other Python per
+sample. A sample is thread time (on a core, or runnable and waiting for one: on a loaded
+machine that inflates every stage alike), so a stage's CPU is its share of the work samples
+times the CPU time the OS counted for the loop (``os.times()``, the worker processes
+included: they are reaped before it is read), per image handed out.
 A thread blocked (its leaf frame a futex, condition or poll wait: an idle loader thread, the
 training thread waiting for a batch) is "waiting (not CPU)"; a thread blocked taking the GIL
 is "GIL wait": both are time, not CPU, and are left out of the CPU total.
@@ -73,7 +75,7 @@ def _drive(args) -> None:
     loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=args.workers, collate_fn=collate_uint8,
                         backend=args.backend, drop_last=True, persistent_workers=args.backend == "processes",
                         pin_memory=False, generator=torch.Generator().manual_seed(0))
-    n, t0 = 0, time.perf_counter()
+    c0, n, t0 = os.times(), 0, time.perf_counter()
     while n < args.batches:
         for images, _labels in loader:
             if args.float:
@@ -82,7 +84,15 @@ def _drive(args) -> None:
             if n >= args.batches:
                 break
     dt = time.perf_counter() - t0
-    print(f"DRIVE images={n * 64} seconds={dt:.3f}", flush=True)
+    del loader  # persistent workers exit and are reaped: their CPU time shows in os.times' children
+    import gc
+
+    gc.collect()
+    time.sleep(0.5)
+    c1 = os.times()
+    cpu = (c1.user + c1.system + c1.children_user + c1.children_system
+           - c0.user - c0.system - c0.children_user - c0.children_system)
+    print(f"DRIVE images={n * 64} seconds={dt:.3f} cpu={cpu:.3f}", flush=True)
 
 
 def _stage_of(frames: list[str]) -> str:
@@ -105,7 +115,8 @@ def _stage_of(frames: list[str]) -> str:
 
 
 def breakdown(raw: Path, images: int, rate: int) -> dict[str, float]:
-    """µs per image of each stage in py-spy's raw (collapsed) output, summed over threads and processes."""
+    """Thread-time µs per image of each stage in py-spy's raw (collapsed) output, summed over threads
+    and processes (on a core or runnable: sampling cannot tell them apart)."""
     counts: collections.Counter = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
@@ -146,10 +157,15 @@ def main() -> None:
         images, seconds = int(fields["images"]), float(fields["seconds"])
         stages = breakdown(raw, images, args.rate)
         work = sum(v for k, v in stages.items() if k not in _NOT_CPU)
+        cpu_us = float(fields["cpu"]) / images * 1e6
         print(f"{backend}{' (float batches)' if args.float else ' (uint8 batches)'}: {images} images in "
-              f"{seconds:.2f} s = {images / seconds:.0f} images/s; CPU on work {work:.0f} us/image")
+              f"{seconds:.2f} s = {images / seconds:.0f} images/s; CPU {cpu_us:.0f} us/image (os.times, loader "
+              f"threads or worker processes and the training process)")
         for stage, us in stages.items():
-            print(f"  {stage:<28}{us:>9.0f} us/image")
+            if stage in _NOT_CPU:
+                print(f"  {stage:<28}{us:>9.0f} us/image of thread time")
+            else:  # the stage's share of the sampled work, times the CPU time the OS counted
+                print(f"  {stage:<28}{us / work * cpu_us:>9.0f} us/image CPU ({us / work:.0%} of the work samples)")
 
 
 if __name__ == "__main__":
