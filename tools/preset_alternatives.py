@@ -8,8 +8,9 @@ Arms, in µs per image (median of rounds and min-max) and as a ratio to ``decode
 
 * ``decode``: ``TrainTransform.decode_crop`` alone (DCT scale or region, as the preset);
 * ``preset``: ``train_transform(size).from_bytes`` as it is now;
-* ``preset-before``: the same preset as it was before #30 (``F.interpolate`` with its
-  argument checks, the flip drawn with ``rand(1) < p`` and a ``lt`` op);
+* ``preset-before``: the same preset as it was before #30 (an ``item()`` per draw and fresh
+  tensors, the flip drawn with ``rand(1) < p``, torch's ``permute`` and slicing,
+  ``F.interpolate`` with its argument checks);
 * on the decoded crops only (decode excluded): ``resize-torch`` (the kernel the preset uses,
   exact to torchvision), ``resize-pil`` (Pillow ``reduce`` + BILINEAR, not exact),
   ``resize-cv2`` (OpenCV ``INTER_AREA``, not exact; skipped when cv2 is not importable),
@@ -23,6 +24,7 @@ machine: use the per-round ratios, not the absolute µs.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import numpy as np
@@ -39,7 +41,7 @@ def main() -> None:
     import torch
     from PIL import Image
 
-    from fastload.image.fast import image_size
+    from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import train_transform
     from fastload.measure.rounds import interleave
@@ -58,9 +60,20 @@ def main() -> None:
 
     def before(data: bytes, g: torch.Generator) -> torch.Tensor:  # from_bytes as it was before #30
         h, w = image_size(data)
-        i, j, ch, cw = tf.crop_box(h, w, g)
+        i, j, ch, cw = tf._rrc._draw_items(h, w, g)  # torchvision's calls as written: an item() per draw
         flip = bool(torch.rand(1, generator=g) < tf.flip_p)
-        chw = tf.decode_crop(data, (h, w, i, j, ch, cw, flip))
+        min_h, min_w = math.ceil(h * size / ch), math.ceil(w * size / cw)
+        if 2 * min_h > h or 2 * min_w > w:
+            chw = torch.from_numpy(decode_rgb_region(data, i, j, ch, cw)).permute(2, 0, 1)
+        else:
+            arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
+            fy, fx = arr.shape[0] / h, arr.shape[1] / w
+            if arr.shape[:2] != (h, w):
+                y0, x0 = int(i * fy), int(j * fx)
+                y1, x1 = min(arr.shape[0], math.ceil((i + ch) * fy)), min(arr.shape[1], math.ceil((j + cw) * fx))
+            else:
+                y0, x0, y1, x1 = i, j, i + ch, j + cw
+            chw = torch.from_numpy(arr).permute(2, 0, 1)[:, y0:y1, x0:x1]
         out = torch.nn.functional.interpolate(chw.unsqueeze(0), size=[size, size], mode="bilinear",
                                               align_corners=False, antialias=True)[0]
         return out.flip(-1) if flip else out
