@@ -41,13 +41,14 @@ _STAGES = [
     ("decode", ("decode_jpeg (", "tjDecompress", "jpeg_", "decode_rgb_region", "decode_rgb_fast", "nvimgcodec",
                 "decode_mcu", "jsimd_", "ycc_rgb", "libjpeg", "decompress_", "decode_reference")),
     ("crop/resize", ("upsample", "interpolate", "_resize", "ImagingResample", "resize_and_crop")),
+    ("crop-box RNG", ("crop_box", "_RRC", "uniform_", "random_", "randint", "rand (", "manual_seed", "Generator",
+                      "mix_seed", "_draw_buffers", "TrainTransform._flip (", "TrainTransform.draw (")),
     ("flip", ("flip",)),
     ("normalise", ("normalize", "_normalize_cpu")),
     ("store read", ("StoreReader", "trans_get", "checksum", "crc32", "get_bytes")),
     ("batch copy", ("copy_", "stack", "collate", "copy_kernel", "memcpy", "memmove", "new_shared")),
     ("hand-over", ("rebuild_storage", "reduce_storage", "_recv", "recv_bytes", "ForkingPickler", "pin_memory",
                    "_try_get_data", "_get_data", "send_bytes", "Queue.put", "Queue.get", "_feed")),
-    ("crop-box RNG", ("crop_box", "_RRC", "uniform_", "randint", "rand (", "manual_seed", "Generator", "mix_seed")),
     ("header parse", ("image_size", "decode_jpeg_header", "sniff")),
 ]
 # CPython 3.12 waits for the GIL in take_gil's pthread_cond_timedwait (locks and queues wait on
