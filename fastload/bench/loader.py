@@ -190,9 +190,9 @@ class LoaderBench:
                       f"{r.round_ratios[0]:.2f}x")
             frac, dec = self._of_ceiling(r), self._of_decode(r)
             mark = "†" if r.name.startswith("fastload (threads, max-side") else " "
-            lines.append(f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
-                         + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}")
-                         + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}"))
+            lines.append((f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
+                          + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}")
+                          + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}")).rstrip())
         f = self.floors
         if f is not None:
             lo, mid, hi = f.preset_over_decode
@@ -200,7 +200,7 @@ class LoaderBench:
                          f"{f.decode_per_core:.0f} images/s ({f.decode_us:.0f} us/image, at the DCT scale or region "
                          f"the preset uses); the preset's whole work {f.preset_per_core:.0f} images/s "
                          f"({f.preset_us:.0f} us/image) = {mid:.2f}x the decode (per round {lo:.2f}-{hi:.2f}x); "
-                         f"normalise a batch of {f.batch_size}: {f.normalise_ms:.1f} ms ({f.normalise_us:.0f} us/image)")
+                         f"normalise a batch of {f.batch_size}: {f.normalise_ms:.2f} ms ({f.normalise_us:.0f} us/image)")
         if self.ceiling_per_core:
             lines.append(f"ceiling: the preset floor {self.ceiling_per_core:.0f} images/s per core x "
                          f"{max(1, o.workers)} = {self.ceiling:.0f}; 'of decode': against the decode floor x "
