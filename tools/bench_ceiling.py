@@ -8,7 +8,10 @@ is only a fair ceiling if the cores do not slow each other down (shared caches, 
 bandwidth, turbo clocks). This runs the same loop in one process alone, then in two
 processes at once, then in two threads of one process (the thread pipeline's situation:
 the decoders release the GIL), in rounds, and prints each as a share of twice the lone
-figure. STORE defaults to a temporary store of the generated default dataset.
+figure. Then it prints the store's two floors per core and normalisation per batch
+(``store_floors``: decode alone at the DCT scale or region the preset uses, the preset's
+whole per-image work, their ratio per round), the figures ``bench loader`` reports every
+path against. STORE defaults to a temporary store of the generated default dataset.
 
 Must not: be imported by the package (a tool, run by hand).
 """
@@ -91,6 +94,14 @@ def main() -> None:
             print(f"round {r + 1}: one process alone {one:.0f} images/s; two processes at once "
                   f"{two[0]:.0f} + {two[1]:.0f} = {sum(two):.0f} ({sum(two) / (2 * one):.0%} of 2x alone); "
                   f"two threads of one process {th:.0f} ({th / (2 * one):.0%})")
+        from fastload.bench.loader import store_floors
+
+        f = store_floors(Path(store), args.size, 64, seconds=args.seconds / 2, rounds=args.rounds)
+        lo, mid, hi = f.preset_over_decode
+        print(f"floors per core: decode alone {f.decode_per_core:.0f} images/s ({f.decode_us:.0f} us/image); the "
+              f"preset's whole work {f.preset_per_core:.0f} images/s ({f.preset_us:.0f} us/image) = {mid:.2f}x the "
+              f"decode (per round {lo:.2f}-{hi:.2f}x); normalise a batch of 64: {f.normalise_ms:.1f} ms "
+              f"({f.normalise_us:.0f} us/image)")
 
 
 if __name__ == "__main__":

@@ -22,10 +22,17 @@ on the CPU. torchvision and WebDataset normalise in the workers (ToTensor + Norm
 fastload and SPDL ship uint8 and normalise in the main process, inside the timed region;
 DALI and FFCV normalise in their own pipelines.
 
-The ceiling is a tight ``train_transform().from_bytes`` loop on one core times the worker
-count, measured on each store a path reads: a reduced-resolution store has its own
-(it is different data; its ratio to torchvision compares against the original files,
-which is the choice a user has).
+Two floors per core, measured on each store a path reads (``store_floors``, interleaved
+rounds of tight one-thread loops on the same records): **decode alone** (each record's crop
+decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
+preset's whole per-image work** (``train_transform().from_bytes``: header, draws, decode,
+resize, flip), with the preset/decode ratio per round; and **normalisation per batch** (one
+``uint8`` batch to normalised float32 with ``fastload.normalize``, one thread). The preset
+floor times the worker count is the ceiling every path is reported against ("of ceiling",
+what the pipeline costs beyond the preset), the decode floor times the workers the other
+column ("of decode", what preset and pipeline cost beyond the decode). A
+reduced-resolution store has its own floors (it is different data; its ratio to
+torchvision compares against the original files, which is the choice a user has).
 
 Must not: assert on timings.
 """
@@ -47,7 +54,8 @@ from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_s
 from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
-__all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "bench_loader", "single_core_ceiling", "ALL_PATHS"]
+__all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
+           "store_floors", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,14 +117,41 @@ class PathResult:
     order: list[int] = field(default_factory=list)
     round_ratios: list[float] = field(default_factory=list)
     ceiling_per_core: float | None = None
+    decode_floor_per_core: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Floors:
+    """One store's floors per core (``store_floors``): medians of interleaved rounds, with the
+    per-round ratio of the preset's cost to the decode's (min, median, max)."""
+
+    decode_per_core: float  # images/s: the crop decoded as the preset decodes it, nothing else
+    preset_per_core: float  # images/s: ``train_transform(size).from_bytes``, the whole per-image work
+    normalise_ms: float  # one uint8 batch to normalised float32 (``fastload.normalize``), one thread
+    batch_size: int
+    preset_over_decode: tuple[float, float, float]
+
+    @property
+    def decode_us(self) -> float:
+        return 1e6 / self.decode_per_core
+
+    @property
+    def preset_us(self) -> float:
+        return 1e6 / self.preset_per_core
+
+    @property
+    def normalise_us(self) -> float:
+        """Normalisation per image."""
+        return 1e3 * self.normalise_ms / self.batch_size
 
 
 @dataclass
 class LoaderBench:
     options: LoaderBenchOptions
     results: list[PathResult]
-    ceiling_per_core: float | None  # of the full-resolution store
+    ceiling_per_core: float | None  # of the full-resolution store: its preset floor
     environment: dict
+    floors: Floors | None = None  # of the full-resolution store
 
     @property
     def baseline(self) -> float | None:
@@ -131,6 +166,11 @@ class LoaderBench:
             return None
         return r.images_per_s / (r.ceiling_per_core * max(1, self.options.workers))
 
+    def _of_decode(self, r: PathResult) -> float | None:
+        if r.images_per_s is None or r.decode_floor_per_core is None:
+            return None
+        return r.images_per_s / (r.decode_floor_per_core * max(1, self.options.workers))
+
     def table(self) -> str:
         o = self.options
         w = max(26, *(len(r.name) + 2 for r in self.results))
@@ -138,7 +178,8 @@ class LoaderBench:
                 "the GIL" if o.step_ms or o.host_ms else "")
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, median of {o.rounds} rounds "
                  f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
-                 f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"]
+                 f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"
+                 f"{'of decode':>11}"]
         for r in self.results:
             if r.images_per_s is None:
                 lines.append(f"{r.name:<{w}}{'skipped':>10}  {r.skipped}")
@@ -147,13 +188,23 @@ class LoaderBench:
             spread = ("-" if not r.round_ratios else
                       f"{min(r.round_ratios):.2f}-{max(r.round_ratios):.2f}x" if len(r.round_ratios) > 1 else
                       f"{r.round_ratios[0]:.2f}x")
-            frac = self._of_ceiling(r)
-            lines.append(f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
-                         + (f"{frac:>11.0%}" + ("†" if r.name.startswith("fastload (threads, max-side") else "")
-                            if frac is not None else f"{'-':>12}"))
+            frac, dec = self._of_ceiling(r), self._of_decode(r)
+            mark = "†" if r.name.startswith("fastload (threads, max-side") else " "
+            lines.append((f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
+                          + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}")
+                          + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}")).rstrip())
+        f = self.floors
+        if f is not None:
+            lo, mid, hi = f.preset_over_decode
+            lines.append(f"floors per core (full-resolution store, one thread, interleaved rounds): decode alone "
+                         f"{f.decode_per_core:.0f} images/s ({f.decode_us:.0f} us/image, at the DCT scale or region "
+                         f"the preset uses); the preset's whole work {f.preset_per_core:.0f} images/s "
+                         f"({f.preset_us:.0f} us/image) = {mid:.2f}x the decode (per round {lo:.2f}-{hi:.2f}x); "
+                         f"normalise a batch of {f.batch_size}: {f.normalise_ms:.2f} ms ({f.normalise_us:.0f} us/image)")
         if self.ceiling_per_core:
-            lines.append(f"single-core ceiling: {self.ceiling_per_core:.0f} images/s per core (tight decode+crop "
-                         f"loop on the full-resolution store) x {max(1, o.workers)} = {self.ceiling:.0f}")
+            lines.append(f"ceiling: the preset floor {self.ceiling_per_core:.0f} images/s per core x "
+                         f"{max(1, o.workers)} = {self.ceiling:.0f}; 'of decode': against the decode floor x "
+                         f"{max(1, o.workers)}")
         reduced = next((r for r in self.results
                         if r.name.startswith("fastload (threads, max-side") and r.ceiling_per_core),
                        None)
@@ -166,11 +217,16 @@ class LoaderBench:
     def to_json(self) -> dict:
         return {"options": asdict(self.options), "environment": self.environment,
                 "ceiling_per_core": self.ceiling_per_core, "ceiling": self.ceiling,
+                "floors": None if self.floors is None else {**asdict(self.floors), "decode_us": self.floors.decode_us,
+                                                            "preset_us": self.floors.preset_us,
+                                                            "normalise_us": self.floors.normalise_us},
                 "paths": [{"name": r.name, "images_per_s": r.images_per_s, "rounds": r.rounds,
                            "round_order": r.order, "round_ratios": r.round_ratios,
                            "ratio": (r.images_per_s / self.baseline) if r.images_per_s and self.baseline else None,
                            "ceiling_per_core": r.ceiling_per_core,
                            "fraction_of_ceiling": self._of_ceiling(r),
+                           "decode_floor_per_core": r.decode_floor_per_core,
+                           "fraction_of_decode_floor": self._of_decode(r),
                            "skipped": r.skipped} for r in self.results]}
 
 
@@ -291,6 +347,58 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
                 tf.from_bytes(b)
             n += len(blobs)
         return n / (time.perf_counter() - t0)
+
+
+def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.0, rounds: int = 3) -> Floors:
+    """The floors per core of ``store`` (``Floors``): tight one-thread loops, in interleaved rounds.
+
+    Decode alone decodes, for every record, the crop ``train_transform(size)`` draws for it
+    (drawn once beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
+    floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
+    ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``.
+    """
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import normalize, train_transform
+
+    ds = LMDBImageDataset(store)
+    tf = train_transform(size)
+    blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
+    g = torch.Generator().manual_seed(0)
+    drawn = [tf.draw(b, g) for b in blobs]
+    batch = torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8, generator=g)
+
+    gp = torch.Generator()
+
+    def same(k: int) -> torch.Generator:  # each pass of the preset loop draws the crops ``drawn`` holds
+        return gp.manual_seed(0) if k == 0 else gp
+
+    def loop(one: Callable[[int], object], items: int) -> float:
+        n, t0 = 0, time.perf_counter()
+        while n == 0 or time.perf_counter() - t0 < seconds:
+            for k in range(items):
+                one(k)
+            n += items
+        return n / (time.perf_counter() - t0)
+
+    arms: dict[str, Callable[[], float]] = {
+        "decode": lambda: loop(lambda k: tf.decode_crop(blobs[k], drawn[k]), len(blobs)),
+        "preset": lambda: loop(lambda k: tf.from_bytes(blobs[k], same(k)), len(blobs)),
+        "normalise": lambda: loop(lambda k: normalize(batch), 1),
+    }
+    with one_torch_thread():
+        for name in arms:  # warm up: the decoders' first calls, numpy's first large allocation
+            for b, d in zip(blobs[:8], drawn[:8]):
+                tf.decode_crop(b, d)
+                tf.from_bytes(b, gp)
+            normalize(batch)
+        res = interleave(list(arms), rounds, lambda name, k: arms[name]())
+    dec, pre = res["decode"], res["preset"]
+    ratios = sorted(d / p for d, p in zip(dec.values, pre.values))  # decode rate / preset rate = cost ratio
+    return Floors(decode_per_core=dec.median(), preset_per_core=pre.median(),
+                  normalise_ms=1e3 / res["normalise"].median(), batch_size=batch_size,
+                  preset_over_decode=(ratios[0], ratios[len(ratios) // 2], ratios[-1]))
 
 
 ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", "webdataset", "dali-cpu", "spdl",
@@ -422,11 +530,13 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                 if base is not None and base.values:
                     r.round_ratios = arm.ratios_to(base)
             ordered.append(r)
-        ceilings: dict[str, float] = {}
+        floors: dict[str, Floors] = {}
         for name, path in stores.items():
             key = str(path)
             if results[name].images_per_s is not None:
-                if key not in ceilings:
-                    ceilings[key] = single_core_ceiling(path, o.image_size)
-                results[name].ceiling_per_core = ceilings[key]
-    return LoaderBench(o, ordered, ceilings.get(str(store)), environment())
+                if key not in floors:
+                    floors[key] = store_floors(path, o.image_size, o.batch_size)
+                results[name].ceiling_per_core = floors[key].preset_per_core
+                results[name].decode_floor_per_core = floors[key].decode_per_core
+    full_floors = floors.get(str(store))
+    return LoaderBench(o, ordered, full_floors.preset_per_core if full_floors else None, environment(), full_floors)

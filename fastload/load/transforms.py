@@ -25,6 +25,7 @@ Must not: read stores or know about DataLoader workers.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -79,12 +80,37 @@ def rrc_params(height: int, width: int, scale: tuple[float, float] = (0.08, 1.0)
     return _RRC(scale, ratio)(height, width)
 
 
+_LOCAL = threading.local()
+
+
+def _draw_buffers():
+    """This thread's 1-element draw tensors and numpy views of them: ``(float, its view, int64, its view)``.
+
+    The float one has torch's default dtype, as ``torch.empty(1)`` in torchvision's draws; a
+    default dtype numpy cannot view gives ``(None, None, None, None)``.
+    """
+    dtype = torch.get_default_dtype()
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None or bufs[0] != dtype:
+        if dtype in (torch.float32, torch.float64):
+            f, i = torch.empty(1, dtype=dtype), torch.empty(1, dtype=torch.int64)
+            bufs = (dtype, f, f.numpy(), i, i.numpy())
+        else:
+            bufs = (dtype, None, None, None, None)
+        _LOCAL.bufs = bufs
+    return bufs[1:]
+
+
 class _RRC:
     """torchvision's ``RandomResizedCrop.get_params`` with its constants computed once.
 
     The same torch RNG calls in the same order (one ``uniform_`` on a 1-element float
-    tensor per draw, ``randint`` for the offsets), so the same boxes under the same seed;
-    only the per-call tensor allocations are gone (~60 µs per image).
+    tensor per draw, ``random_(low, high)`` on a 1-element int64 tensor for the offsets, which
+    is what ``randint`` runs), so the same boxes under the same seed. Only the calls that draw
+    are torch ops: the values are read back through a numpy view of the same 1-element
+    tensors, reused per thread, instead of ``item()`` and fresh tensors. Each torch op called
+    from Python releases and retakes the GIL, a hand-off to another loader thread under the
+    thread pipeline (docs/loader.md, "Where the CPU goes"): 5 ops per box instead of 11.
     """
 
     def __init__(self, scale: tuple[float, float], ratio: tuple[float, float]) -> None:
@@ -94,6 +120,25 @@ class _RRC:
         self.ratio = ratio
 
     def __call__(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
+        area = height * width
+        fbuf, fval, ibuf, ival = _draw_buffers()
+        if fbuf is None:  # a default dtype numpy cannot view (e.g. bfloat16): torchvision's calls as written
+            return self._draw_items(height, width, generator)
+        for _ in range(10):
+            fbuf.uniform_(*self.scale, generator=generator)
+            target_area = area * float(fval[0])
+            fbuf.uniform_(*self.log_ratio, generator=generator).exp_()
+            aspect_ratio = float(fval[0])
+            w = int(round(math.sqrt(target_area * aspect_ratio)))
+            h = int(round(math.sqrt(target_area / aspect_ratio)))
+            if 0 < w <= width and 0 < h <= height:
+                ibuf.random_(0, height - h + 1, generator=generator)
+                i = int(ival[0])
+                ibuf.random_(0, width - w + 1, generator=generator)
+                return i, int(ival[0]), h, w
+        return self._fallback(height, width)
+
+    def _draw_items(self, height: int, width: int, generator: torch.Generator | None) -> tuple[int, int, int, int]:
         area = height * width
         buf = torch.empty(1)
         for _ in range(10):
@@ -105,6 +150,9 @@ class _RRC:
                 i = torch.randint(0, height - h + 1, size=(1,), generator=generator).item()
                 j = torch.randint(0, width - w + 1, size=(1,), generator=generator).item()
                 return int(i), int(j), h, w
+        return self._fallback(height, width)
+
+    def _fallback(self, height: int, width: int) -> tuple[int, int, int, int]:
         ratio = self.ratio
         in_ratio = float(width) / float(height)  # fallback: central crop
         if in_ratio < min(ratio):
@@ -126,8 +174,9 @@ def _resize(chw: torch.Tensor, size: list[int]) -> torch.Tensor:
     """
     if list(chw.shape[-2:]) == size:
         return chw
-    return torch.nn.functional.interpolate(chw.unsqueeze(0), size=size, mode="bilinear", align_corners=False,
-                                           antialias=True)[0]
+    # the op ``F.interpolate(..., mode="bilinear", antialias=True)`` ends in, without its ~10 µs of
+    # Python argument checks per image (the same kernel, the same bytes: the pixel-contract tests)
+    return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None)[0]
 
 
 def _as_chw(img) -> torch.Tensor:
@@ -166,6 +215,8 @@ class TrainTransform:
             raise ValueError(f"ratio must be (min, max) with 0 < min <= max, got {ratio}")
         self.size, self.scale, self.ratio, self.flip_p = size, tuple(scale), tuple(ratio), flip_p
         self._rrc = _RRC(self.scale, self.ratio)
+        # the flip is compared in float32, as torch's ``rand(1) < p`` compares it, without the ``lt`` op
+        self._flip_p32 = float(np.float32(flip_p))
 
     def crop_box(self, height: int, width: int, generator: torch.Generator | None = None) -> tuple[int, int, int, int]:
         """The next random-resized crop ``(top, left, height, width)`` for an image of that size.
@@ -179,35 +230,59 @@ class TrainTransform:
         out = _resize(chw, [self.size, self.size])
         return out.flip(-1) if flip else out
 
+    def draw(self, data: bytes, generator: torch.Generator | None = None) -> tuple[int, int, int, int, int, int, bool]:
+        """The random draws of one ``from_bytes`` call: ``(height, width, top, left, crop h, crop w, flip)``.
+
+        From ``generator`` when given, else torch's global RNG, in ``from_bytes``' order.
+        """
+        h, w = image_size(data)
+        i, j, ch, cw = self._rrc(h, w, generator)
+        return h, w, i, j, ch, cw, self._flip(generator)
+
+    def _flip(self, generator: torch.Generator | None) -> bool:
+        """torchvision's flip draw, ``rand(1) < p`` (``rand`` is ``uniform_(0, 1)`` on a fresh tensor),
+        on this thread's draw tensor, compared in its dtype."""
+        fbuf, fval, _, _ = _draw_buffers()
+        if fbuf is None:
+            return bool(torch.rand(1, generator=generator) < self.flip_p)
+        fbuf.uniform_(0.0, 1.0, generator=generator)
+        return float(fval[0]) < (self._flip_p32 if fbuf.dtype == torch.float32 else self.flip_p)
+
+    def decode_crop(self, data: bytes, drawn: tuple[int, int, int, int, int, int, bool]) -> torch.Tensor:
+        """The crop of ``drawn`` (from ``draw``) decoded as the preset decodes it, as a CHW view.
+
+        Only as much as the crop needs: the smallest DCT scale that leaves the crop at least
+        ``size`` on both sides (its box rounded outwards), else a region decode of the crop.
+        """
+        h, w, i, j, ch, cw, _ = drawn
+        min_h, min_w = math.ceil(h * self.size / ch), math.ceil(w * self.size / cw)
+        # the CHW view is made in numpy (transpose, slice) and handed to torch once: a torch
+        # ``permute`` or slice would be another GIL release per image
+        if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
+            return torch.from_numpy(decode_rgb_region(data, i, j, ch, cw).transpose(2, 0, 1))
+        arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
+        if arr.shape[:2] != (h, w):  # scaled decode: round the box outwards
+            fy, fx = arr.shape[0] / h, arr.shape[1] / w
+            y0, x0 = int(i * fy), int(j * fx)
+            y1 = min(arr.shape[0], math.ceil((i + ch) * fy))
+            x1 = min(arr.shape[1], math.ceil((j + cw) * fx))
+        else:
+            y0, x0, y1, x1 = i, j, i + ch, j + cw
+        return torch.from_numpy(arr[y0:y1, x0:x1].transpose(2, 0, 1))
+
     def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
         """Decode only as much as the crop needs, then crop, resize and flip.
 
         The crop and flip are drawn from ``generator`` when given (the thread pipeline
         gives each sample its own), else from torch's global RNG.
         """
-        h, w = image_size(data)
-        i, j, ch, cw = self.crop_box(h, w, generator)
-        flip = bool(torch.rand(1, generator=generator) < self.flip_p)
-        min_h, min_w = math.ceil(h * self.size / ch), math.ceil(w * self.size / cw)
-        if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
-            arr = decode_rgb_region(data, i, j, ch, cw)
-            return self._finish(torch.from_numpy(arr).permute(2, 0, 1), flip)
-        arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
-        fy, fx = arr.shape[0] / h, arr.shape[1] / w
-        if arr.shape[:2] != (h, w):  # scaled decode: round the box outwards
-            y0, x0 = int(i * fy), int(j * fx)
-            y1 = min(arr.shape[0], math.ceil((i + ch) * fy))
-            x1 = min(arr.shape[1], math.ceil((j + cw) * fx))
-        else:
-            y0, x0, y1, x1 = i, j, i + ch, j + cw
-        chw = torch.from_numpy(arr).permute(2, 0, 1)[:, y0:y1, x0:x1]
-        return self._finish(chw, flip)
+        drawn = self.draw(data, generator)
+        return self._finish(self.decode_crop(data, drawn), drawn[6])
 
     def __call__(self, img) -> torch.Tensor:
         chw = _as_chw(img)
         i, j, ch, cw = self.crop_box(chw.shape[1], chw.shape[2])
-        flip = bool(torch.rand(1) < self.flip_p)
-        return self._finish(chw[:, i:i + ch, j:j + cw], flip)
+        return self._finish(chw[:, i:i + ch, j:j + cw], self._flip(None))
 
     def __repr__(self) -> str:
         return f"TrainTransform(size={self.size}, scale={self.scale}, ratio={self.ratio}, flip_p={self.flip_p})"

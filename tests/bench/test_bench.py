@@ -52,6 +52,16 @@ def test_bench_loader_paths_ceilings_and_per_round_ratios(tiny_tree, tmp_path):
     assert full["ceiling_per_core"] == result["ceiling_per_core"]
     assert reduced["ceiling_per_core"] != full["ceiling_per_core"]
     assert reduced["fraction_of_ceiling"] == pytest.approx(reduced["images_per_s"] / reduced["ceiling_per_core"])
+    # two floors per core and normalisation per batch; every path against both floors
+    floors = result["floors"]
+    assert floors["preset_per_core"] == result["ceiling_per_core"] and floors["decode_per_core"] > 0
+    assert floors["normalise_ms"] > 0 and floors["batch_size"] == 4
+    lo, mid, hi = floors["preset_over_decode"]
+    assert 0 < lo <= mid <= hi
+    assert full["decode_floor_per_core"] == floors["decode_per_core"]
+    assert reduced["decode_floor_per_core"] != full["decode_floor_per_core"]
+    assert full["fraction_of_decode_floor"] == pytest.approx(full["images_per_s"] / floors["decode_per_core"])
+    assert "decode alone" in r.output and "the preset's whole work" in r.output and "normalise a batch of 4" in r.output
     assert "different data: the max-side 64 store" in r.output
     ffcv = paths["ffcv"]
     if importlib.util.find_spec("ffcv") is None:

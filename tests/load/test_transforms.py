@@ -60,6 +60,57 @@ def test_train_from_bytes_equals_torchvision_v2_on_the_decoded_image():
     assert exact >= 20
 
 
+def test_draw_and_decode_crop_are_from_bytes_split_in_two():
+    """``bench loader``'s decode floor decodes ``draw``'s crops with ``decode_crop``: the same draws (the
+    flip compared in float32, as torch's ``rand(1) < p``, also at a p float32 cannot hold) and pixels."""
+    t = TrainTransform(64, flip_p=0.3)
+    for data in (jpeg_bytes(photo(300, 260, seed=2)), jpeg_bytes(photo(900, 700, seed=3)), png_bytes(photo(90, 70))):
+        for seed in range(40):
+            h, w, i, j, ch, cw, flip = t.draw(data, torch.Generator().manual_seed(seed))
+            g = torch.Generator().manual_seed(seed)
+            assert (i, j, ch, cw) == t.crop_box(h, w, g)
+            assert flip == bool(torch.rand(1, generator=g) < 0.3)
+            g = torch.Generator().manual_seed(seed)
+            drawn = t.draw(data, g)
+            crop = t.decode_crop(data, drawn)
+            out = torch.nn.functional.interpolate(crop[None], size=[64, 64], mode="bilinear", antialias=True)[0]
+            expect = out.flip(-1) if flip else out
+            assert torch.equal(t.from_bytes(data, torch.Generator().manual_seed(seed)), expect)
+
+
+def test_train_preset_calls_few_torch_ops_per_image():
+    """Each torch op called from Python releases and retakes the GIL: a hand-off to another thread of
+    the thread pipeline. The preset draws with ``uniform_``/``random_`` on per-thread tensors read
+    through numpy, and builds the crop's view in numpy: 6 ops for the draws and at most 5 for the
+    rest per image (it was 18-20: an ``item`` per draw, fresh tensors, ``exp``, ``randint``, ``rand``,
+    ``permute``)."""
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") != "__get__":  # attribute reads (shape, dtype) are not ops
+                self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    t = TrainTransform(64)
+    t.from_bytes(jpeg_bytes(photo(40, 40)))  # this thread's draw tensors are made once, on its first image
+    for data in (jpeg_bytes(photo(300, 260, seed=2)), jpeg_bytes(photo(900, 700, seed=3))):
+        for seed in range(6):
+            g = torch.Generator().manual_seed(seed)
+            with Count() as c:
+                t.from_bytes(data, g)
+            draws = [f for f in c.calls if f in ("uniform_", "exp_", "random_")]
+            rest = [f for f in c.calls if f not in ("uniform_", "exp_", "random_")]
+            # per box tried (torchvision tries again when it does not fit): uniform_, uniform_, exp_;
+            # then two random_ for the offsets and one uniform_ for the flip
+            assert len(draws) % 3 == 0 and c.calls.count("random_") == 2, c.calls
+            assert len(rest) <= 5, c.calls  # the resize, its unsqueeze and [0], the batch-slot view, the flip
+
+
 def test_train_on_large_jpeg_uses_scaled_decode_and_keeps_the_geometry():
     img = photo(1600, 1200, seed=2)
     data = jpeg_bytes(img)
