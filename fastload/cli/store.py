@@ -327,10 +327,11 @@ def _disk_size(store: Path) -> dict:
     (``2 * window + 1`` shards, the largest: the window being read, the next one prefetched, one more)."""
     from fastload.load.shards import DEFAULT_WINDOW
 
-    files = sorted(store.glob("shard-*/data.mdb")) or [p for p in (store / "data.mdb",) if p.is_file()]
+    shards = sorted(store.glob("shard-*/data.mdb"))
+    files = shards or [p for p in (store / "data.mdb",) if p.is_file()]
     sizes = sorted((p.stat().st_size for p in files), reverse=True)
     out = {"disk_bytes": sum(sizes), "disk_files": len(sizes)}
-    if len(sizes) > 1:
+    if shards:  # a sharded store, a single shard included
         need = sizes[:2 * DEFAULT_WINDOW + 1]
         out.update(min_cache_limit=sum(need), min_cache_shards=len(need))
     return out

@@ -30,3 +30,14 @@ def test_inspect_prints_the_files_on_disk_and_the_smallest_cache_limit(tiny_tree
 def test_inspect_of_a_single_store_prints_its_file_without_a_cache_figure(tiny_store):
     info = json.loads(CliRunner().invoke(main, ["inspect", str(tiny_store), "--json"]).output)
     assert info["disk_bytes"] == (tiny_store / "data.mdb").stat().st_size and "min_cache_limit" not in info
+
+
+def test_inspect_of_a_sharded_store_of_one_shard_still_prints_the_cache_figure(tiny_tree, tmp_path):
+    """A sharded store of a single shard (a small dataset with --engine) printed no cache_limit figure."""
+    dst = tmp_path / "one-shard"
+    r = CliRunner().invoke(main, ["convert", str(tiny_tree), str(dst), "-q", "--engine", "local", "--num-shards", "1",
+                                  "--workers", "1", "--lossless"])
+    assert r.exit_code == 0, r.output
+    (shard,) = dst.glob("shard-*/data.mdb")
+    info = json.loads(CliRunner().invoke(main, ["inspect", str(dst), "--json"]).output)
+    assert info["min_cache_limit"] == shard.stat().st_size and info["min_cache_shards"] == 1
