@@ -31,7 +31,11 @@ The state (``version`` 1; typed as ``LoaderState`` below, which validates every 
                         the epoch's batches already yielded out of order (skipped on resume)
     worker_seed         (optional) torch's base seed of the epoch's worker processes (mid-epoch,
                         ``num_workers > 0``): a resumed epoch's workers are seeded as the saved
-                        run's were, so a dataset drawing from torch's RNG in them draws the same
+                        run's were, so a dataset drawing from torch's RNG in them draws the same;
+                        in a state taken before ``iter()`` or between epochs, the seed (and
+                        ``order``, map-style) the next ``iter()`` will draw, drawn on RNG copies
+    workers.rng         (optional) persistent workers between epochs: each worker's RNG states
+                        (torch's base64, Python's and NumPy's lists) when its data ran out
 
 Iterable datasets follow torchdata's ``StatefulDataLoader`` (docs/resume-compat.md): the
 dataset's state is loaded before ``iter(dataset)`` and the iterator's after it; ``replay``

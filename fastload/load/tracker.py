@@ -134,6 +134,13 @@ class ResumeTracker:
         plan = self.plan
         if plan is None:
             return new_iterator()
+        if not plan.batches and not plan.ahead and (plan.order is not None or plan.worker_seed is not None):
+            now = self._next_epoch_draws(loader)
+            if (now.get("order"), now.get("worker_seed")) == (plan.order, plan.worker_seed) \
+                    and now.get("sample_seed", plan.sample_seed) == plan.sample_seed:
+                # the RNG is where the saving run's was (the user restored it with the state): the
+                # epoch draws as it did, and leaves the RNG where the uninterrupted run's went on from
+                plan = self.plan = dataclasses.replace(plan, order=None, worker_seed=None, sample_seed=None)
         if plan.order is None and not plan.batches and plan.workers is None and plan.fetcher is None:
             # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
             if (self.iterable or self.map_stateful) and plan.dataset_state is not None:
