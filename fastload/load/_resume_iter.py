@@ -20,13 +20,18 @@ touch samples.
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import itertools
+import queue
+import random
 from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, get_worker_info
+from torch._utils import ExceptionWrapper
+from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL
 from torch.utils.data._utils import fetch as _fetch_module
 from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
@@ -36,7 +41,8 @@ from fastload.load.replay import SampleIndex, global_order, mix_seed, rng_restor
 from fastload.load.state import DistributedOrder, ReplayOrder
 from fastload.load.tracker import EpochRecord, is_stateful
 
-__all__ = ["SingleIter", "MultiIter", "ResumableIndex", "WorkerInit", "WithState", "EpochRecord", "is_stateful"]
+__all__ = ["SingleIter", "MultiIter", "ResumableIndex", "WorkerInit", "WithState", "EpochRecord", "is_stateful",
+           "worker_rng_states", "set_worker_rng_states"]
 
 
 class _Hooks:
@@ -94,6 +100,32 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
         self._tracker = loader._fl_resume
         self._rotate = 0
         super().__init__(loader)
+        init = self._worker_init_fn
+        if isinstance(init, WorkerInit) and init.acks is not None:
+            self._await_worker_init(init.acks)
+
+    def _await_worker_init(self, acks) -> None:
+        """Raise a worker's ``worker_init_fn`` error (or a saved state its dataset refused) from
+        ``iter()``, as torchdata does, and not at the first ``next()`` as torch's iterator would:
+        wait until every worker has run it (they start in parallel, and the first batch needs them
+        anyway). A worker that dies or hangs there is left to torch's own reporting at ``next()``."""
+        pending, waited = set(range(self._num_workers)), 0.0
+        try:
+            while pending:
+                try:
+                    worker_id, error = acks.get(timeout=MP_STATUS_CHECK_INTERVAL)
+                except queue.Empty:
+                    waited += MP_STATUS_CHECK_INTERVAL
+                    if any(not self._workers[w].is_alive() for w in pending) or (self._timeout and waited
+                                                                                 >= self._timeout):
+                        return
+                    continue
+                if error is not None:
+                    self._shutdown_workers()
+                    error.reraise()
+                pending.discard(worker_id)
+        finally:
+            acks.close()
 
     @property
     def _base_seed(self) -> int:
@@ -142,7 +174,7 @@ class MultiIter(_Hooks, _MultiProcessingDataLoaderIter):
     def _process_data(self, data, worker_idx):
         if isinstance(data, WithState):
             self._tracker.worker_state(data.worker_id, data.state, data.iter_state, data.ended,
-                                       batch=data.is_batch)
+                                       batch=data.is_batch, rng=data.rng)
             if not data.is_batch:
                 super()._process_data(None, worker_idx)
                 return _SKIP
@@ -174,14 +206,57 @@ class _SeededGetItems:
         return [seeded_get(self.dataset, i) for i in indices]
 
 
+def worker_rng_states() -> dict:
+    """This process's RNG states that torch seeds in each worker (its own, Python's, NumPy's), as
+    plain JSON-serialisable values (no pickle: a state may come from an untrusted file)."""
+    version, internal, gauss = random.getstate()
+    states: dict = {"torch": base64.b64encode(bytes(torch.get_rng_state().numpy().tobytes())).decode("ascii"),
+                    "random": [version, list(internal), gauss], "numpy": None}
+    try:
+        import numpy as np
+    except ImportError:
+        return states
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    states["numpy"] = [name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]
+    return states
+
+
+def set_worker_rng_states(states: dict) -> None:
+    """Put this process's RNGs where ``worker_rng_states()`` found them."""
+    torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(states["torch"])), dtype=torch.uint8))
+    if states.get("random") is not None:
+        version, internal, gauss = states["random"]
+        random.setstate((version, tuple(internal), gauss))
+    if states.get("numpy") is not None:
+        try:
+            import numpy as np
+        except ImportError:
+            return
+        name, keys, pos, has_gauss, cached = states["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
 class WorkerInit:
     """``worker_init_fn`` around the user's: load this worker's saved state, install seeding and
-    (iterable datasets) the per-batch state report."""
+    (iterable datasets) the per-batch state report; with ``acks`` (a queue of the loader's
+    multiprocessing context), report ``(worker_id, None or the error)`` once it has run, so that
+    ``iter()`` raises what it raised."""
 
-    def __init__(self, user_fn, saved, seeding: bool, track: bool) -> None:
+    def __init__(self, user_fn, saved, seeding: bool, track: bool, acks=None, persistent: bool = False) -> None:
         self.user_fn, self.saved, self.seeding, self.track = user_fn, saved, seeding, track
+        self.acks, self.persistent = acks, persistent
 
     def __call__(self, worker_id: int) -> None:
+        try:
+            self._init(worker_id)
+        except Exception:
+            if self.acks is not None:
+                self.acks.put((worker_id, ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")))
+            raise
+        if self.acks is not None:
+            self.acks.put((worker_id, None))
+
+    def _init(self, worker_id: int) -> None:
         info = get_worker_info()
         saved = self.saved
         if saved is not None and saved.states[worker_id] is not None:
@@ -191,26 +266,32 @@ class WorkerInit:
             iter_state = saved.iter_states[worker_id] if saved is not None and saved.iter_states else None
             ended = bool(saved.ended[worker_id]) if saved is not None and saved.ended else False
             _TRACK = _WorkerTrack(info.dataset, worker_id, saved.states[worker_id] if saved is not None else None,
-                                  iter_state, ended)
+                                  iter_state, ended, self.persistent)
             _fetch_module._IterableDatasetFetcher.fetch = _tracked_fetch  # this worker process's copy only
             _fetch_module._MapDatasetFetcher.fetch = _tracked_map_fetch
         if self.seeding:
             info.dataset.__getitems__ = _SeededGetItems(info.dataset)
         if self.user_fn is not None:
             self.user_fn(worker_id)
+        if saved is not None and saved.rng and saved.rng[worker_id] is not None:
+            # persistent workers resumed between epochs: the RNGs the saved run's worker ended its
+            # epoch with, which its next epoch drew from (set last: that worker ran worker_init_fn
+            # once, before its first epoch, not again before this one)
+            set_worker_rng_states(saved.rng[worker_id])
 
 
 class WithState:
     """A batch and the state of the worker's dataset (and of its iterator) right after producing
     it; or, with ``is_batch=False``, no batch: the worker's state when its data ran out."""
 
-    def __init__(self, batch, worker_id: int, state, iter_state, ended: bool, is_batch: bool = True) -> None:
+    def __init__(self, batch, worker_id: int, state, iter_state, ended: bool, is_batch: bool = True,
+                 rng: dict | None = None) -> None:
         self.batch, self.worker_id, self.state, self.iter_state = batch, worker_id, state, iter_state
-        self.ended, self.is_batch = ended, is_batch
+        self.ended, self.is_batch, self.rng = ended, is_batch, rng
 
     def pin_memory(self, device=None) -> WithState:  # torch's pin-memory thread calls this
         batch = _pin(self.batch, device) if self.is_batch else None
-        return WithState(batch, self.worker_id, self.state, self.iter_state, self.ended, self.is_batch)
+        return WithState(batch, self.worker_id, self.state, self.iter_state, self.ended, self.is_batch, self.rng)
 
 
 class SnapIndex(list):
@@ -246,9 +327,9 @@ def settle_ended(fetcher, dataset, dataset_state, iter_state) -> None:
 
 
 class _WorkerTrack:
-    def __init__(self, dataset, worker_id: int, saved_state, iter_state, ended: bool) -> None:
+    def __init__(self, dataset, worker_id: int, saved_state, iter_state, ended: bool, persistent: bool) -> None:
         self.dataset, self.worker_id, self.iter_state = dataset, worker_id, iter_state
-        self.saved_state, self.ended, self.first = saved_state, ended, True
+        self.saved_state, self.ended, self.first, self.persistent = saved_state, ended, True, persistent
 
     def states(self, fetcher) -> tuple[Any, Any]:
         """torchdata's rule: the dataset's state unless it is its own iterator, and the iterator's."""
@@ -285,9 +366,10 @@ def _tracked_fetch(self, possibly_batched_index):
             raise
         self._fl_end_sent = True
         ds, it = t.states(self)
-        if ds is None and it is None:
+        rng = worker_rng_states() if t.persistent else None  # what this worker's next epoch draws from
+        if ds is None and it is None and rng is None:
             raise
-        return WithState(None, t.worker_id, ds, it, True, is_batch=False)
+        return WithState(None, t.worker_id, ds, it, True, is_batch=False, rng=rng)
     if getattr(possibly_batched_index, "snapshot", True) or self.ended:
         ds, it = t.states(self)
         if ds is not None or it is not None:

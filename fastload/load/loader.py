@@ -208,9 +208,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         tracker = self._fl_resume
         saved = tracker.plan.workers if tracker.plan is not None else None
         user_init = self.worker_init_fn
-        if saved is not None or tracker.seeding or tracker.iterable or tracker.map_stateful:
+        if saved is not None or tracker.seeding or tracker.iterable or tracker.map_stateful or user_init is not None:
+            # code runs at a worker's start that may raise (the user's worker_init_fn, a saved state
+            # the dataset refuses): iter() waits for every worker to have run it and raises its error
+            acks = None
+            if user_init is not None or saved is not None:
+                acks = (self.multiprocessing_context or torch.multiprocessing).Queue()
             self.worker_init_fn = _ri.WorkerInit(user_init, saved, tracker.seeding,
-                                                 tracker.iterable or tracker.map_stateful)
+                                                 tracker.iterable or tracker.map_stateful, acks=acks,
+                                                 persistent=self.persistent_workers)
         try:  # torch's iterator reads it when it is built; the loader keeps the user's
             return _ri.MultiIter(self)
         finally:

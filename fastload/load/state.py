@@ -31,7 +31,11 @@ The state (``version`` 1; typed as ``LoaderState`` below, which validates every 
                         the epoch's batches already yielded out of order (skipped on resume)
     worker_seed         (optional) torch's base seed of the epoch's worker processes (mid-epoch,
                         ``num_workers > 0``): a resumed epoch's workers are seeded as the saved
-                        run's were, so a dataset drawing from torch's RNG in them draws the same
+                        run's were, so a dataset drawing from torch's RNG in them draws the same;
+                        in a state taken before ``iter()`` or between epochs, the seed (and
+                        ``order``, map-style) the next ``iter()`` will draw, drawn on RNG copies
+    workers.rng         (optional) persistent workers between epochs: each worker's RNG states
+                        (torch's base64, Python's and NumPy's lists) when its data ran out
 
 Iterable datasets follow torchdata's ``StatefulDataLoader`` (docs/resume-compat.md): the
 dataset's state is loaded before ``iter(dataset)`` and the iterator's after it; ``replay``
@@ -249,13 +253,15 @@ class WorkerStates:
     iter_states: tuple = ()
     ended: tuple = ()
     replay: int = 0
+    rng: tuple = ()
 
     @classmethod
     def read(cls, sd: Any) -> WorkerStates:
-        r = _Reader(sd, "'workers'", ("num_workers", "states", "next"), optional=("iter_states", "ended", "replay"))
+        r = _Reader(sd, "'workers'", ("num_workers", "states", "next"),
+                    optional=("iter_states", "ended", "replay", "rng"))
         n = r.int("num_workers", low=1)
         lists = {}
-        for key in ("states", "iter_states", "ended"):
+        for key in ("states", "iter_states", "ended", "rng"):
             v = r.get(key, None if key == "states" else [None] * n)
             if not isinstance(v, (list, tuple)) or len(v) != n:
                 raise _corrupt(f"'workers']['{key}'", f"expected a list of {n} (one per worker), got {_describe(v)}")
@@ -264,15 +270,33 @@ class WorkerStates:
         if bad:
             raise _corrupt(f"'workers']['ended'][{bad[0]}", f"expected True, False or None, got "
                                                             f"{_describe(lists['ended'][bad[0]])}")
+        for w, v in enumerate(lists["rng"]):
+            if v is not None:
+                lists["rng"] = (*lists["rng"][:w], _read_worker_rng(v, f"'workers']['rng'][{w}"), *lists["rng"][w + 1:])
         return cls(num_workers=n, states=lists["states"], next=r.int("next", high=n),
                    iter_states=lists["iter_states"], ended=lists["ended"], replay=r.int("replay") if "replay" in
-                   r.sd else 0)
+                   r.sd else 0, rng=lists["rng"] if any(v is not None for v in lists["rng"]) else ())
 
     def to_dict(self) -> dict:
         n = self.num_workers
-        return {"num_workers": n, "states": list(self.states), "next": self.next,
-                "iter_states": list(self.iter_states or [None] * n), "ended": list(self.ended or [None] * n),
-                "replay": self.replay}
+        sd = {"num_workers": n, "states": list(self.states), "next": self.next,
+              "iter_states": list(self.iter_states or [None] * n), "ended": list(self.ended or [None] * n),
+              "replay": self.replay}
+        if any(v is not None for v in self.rng):
+            sd["rng"] = list(self.rng)
+        return sd
+
+
+def _read_worker_rng(v: Any, path: str) -> dict:
+    """A worker's RNG states (``worker_rng_states()``): torch's (base64), Python's and NumPy's (lists)."""
+    if not isinstance(v, Mapping) or not isinstance(v.get("torch"), str):
+        raise _corrupt(path, f"expected {{'torch': base64, 'random': [...], 'numpy': [...] | None}}, got {_describe(v)}")
+    r = _Reader(v, path, ("torch",), optional=("random", "numpy"))
+    r.rng("torch")
+    for key in ("random", "numpy"):
+        if v.get(key) is not None and not isinstance(v[key], (list, tuple)):
+            raise _corrupt(f"{path}['{key}']", f"expected a list, got {_describe(v[key])}")
+    return dict(v)
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,13 @@ class ResumeTracker:
         plan = self.plan
         if plan is None:
             return new_iterator()
+        if not plan.batches and not plan.ahead and (plan.order is not None or plan.worker_seed is not None):
+            now = self._next_epoch_draws(loader)
+            if (now.get("order"), now.get("worker_seed")) == (plan.order, plan.worker_seed) \
+                    and now.get("sample_seed", plan.sample_seed) == plan.sample_seed:
+                # the RNG is where the saving run's was (the user restored it with the state): the
+                # epoch draws as it did, and leaves the RNG where the uninterrupted run's went on from
+                plan = self.plan = dataclasses.replace(plan, order=None, worker_seed=None, sample_seed=None)
         if plan.order is None and not plan.batches and plan.workers is None and plan.fetcher is None:
             # saved between epochs: this epoch starts as any epoch does, from the RNG as it is now
             if (self.iterable or self.map_stateful) and plan.dataset_state is not None:
@@ -217,7 +224,7 @@ class ResumeTracker:
             n = loader.num_workers
             saved = plan.workers if plan is not None else None
             if saved is not None:
-                saved = dataclasses.replace(saved, replay=0)
+                saved = dataclasses.replace(saved, replay=0, rng=())  # the RNGs: given to the new workers
             rec.workers = saved or WorkerStates(num_workers=n, states=(None,) * n, next=0,
                                                 iter_states=(None,) * n, ended=(None,) * n)
             rec.snapshot, rec.snapshot_at = rec.workers, rec.base
@@ -283,9 +290,10 @@ class ResumeTracker:
                                                               and rec.position % self.snapshot_every == 0)):
             rec.snapshot, rec.snapshot_at = rec.workers, rec.position
 
-    def worker_state(self, worker_id: int, state, iter_state, ended: bool, *, batch: bool) -> None:
+    def worker_state(self, worker_id: int, state, iter_state, ended: bool, *, batch: bool, rng=None) -> None:
         """Worker ``worker_id``'s dataset (and iterator) state after the batch now handed out
-        (``batch``), or after it ran out (no batch: torch skips the worker from then on)."""
+        (``batch``), or after it ran out (no batch: torch skips the worker from then on; with
+        persistent workers, ``rng``: the worker's RNG states then, which its next epoch draws from)."""
         rec = self.live
         if rec is None or rec.workers is None:
             return
@@ -297,7 +305,8 @@ class ResumeTracker:
 
         rec.workers = dataclasses.replace(
             w, states=put(w.states, state), iter_states=put(w.iter_states or (None,) * n, iter_state),
-            ended=put(w.ended or (None,) * n, ended), next=(worker_id + 1) % n if batch else w.next)
+            ended=put(w.ended or (None,) * n, ended), next=(worker_id + 1) % n if batch else w.next,
+            rng=put(w.rng or (None,) * n, rng) if rng is not None else w.rng)
 
     def epoch_ended(self) -> None:
         if self.live is not None:
@@ -333,18 +342,53 @@ class ResumeTracker:
                 changes["workers"] = dataclasses.replace(rec.snapshot, replay=rec.position - rec.snapshot_at)
             if rec.fetcher is not None:
                 changes.update(self._single_process_states(loader.dataset, rec.fetcher))
-        elif self.iterable and loader.num_workers == 0 and is_stateful(loader.dataset):
+        else:  # before the first iter() or between epochs: the draws the next iter() will make
+            changes.update(self._next_epoch_draws(loader))
+        if (rec is None or rec.finished) and self.iterable and loader.num_workers == 0 \
+                and is_stateful(loader.dataset):
             changes["dataset_state"] = loader.dataset.state_dict()  # between epochs
-        elif rec is not None and rec.workers is not None and loader.persistent_workers:
+        if rec is not None and rec.finished and rec.workers is not None and loader.persistent_workers:
             # between epochs, persistent workers: the next epoch reads the workers' dataset copies
-            # as the last one left them (not fresh copies of this process's dataset), so a resumed
-            # loader's new workers get those states; their iterators and ends were the last epoch's
+            # as the last one left them (not fresh copies of this process's dataset), and draws from
+            # the RNGs the workers ended with, so a resumed loader's new workers get those states and
+            # RNGs; their iterators and ends were the last epoch's
             n = rec.workers.num_workers
             changes["workers"] = WorkerStates(num_workers=n, states=rec.workers.states, next=0,
-                                              iter_states=(None,) * n, ended=(None,) * n)
+                                              iter_states=(None,) * n, ended=(None,) * n,
+                                              rng=rec.workers.rng or (None,) * n)
         if self.map_stateful and loader.num_workers == 0:
             changes["dataset_state"] = loader.dataset.state_dict()
         return dataclasses.replace(st, **changes).to_dict()
+
+    def _next_epoch_draws(self, loader) -> dict:
+        """What the next ``iter()`` will draw from torch's RNG (the loader's ``generator`` or the
+        global one), drawn here on copies so nothing of the user's RNG is consumed: the workers' base
+        seed (``worker_seed``; not drawn again for persistent workers already running) and, for a
+        map-style dataset, the RNG state the order is then drawn from (``order``). A state taken
+        before ``iter()`` or between epochs thus resumes the epoch the saving loader would run next,
+        whatever a resumed process's global RNG is (torchdata keeps the same, drawing them for real)."""
+        reuse = loader.persistent_workers and getattr(loader, "_iterator", None) is not None
+        if (loader.num_workers > 0 and reuse and self.iterable) or (self.map_stateful and loader.num_workers == 0):
+            return {}  # (the stateful dataset's own state is loaded before iter(), which then draws as this one)
+        if not self.iterable:
+            if self.distributed(loader) is not None or self.shard_sampler(loader) is not None:
+                return {}  # their order is their seed and epoch, already in the state
+            loader._index_sampler  # makes the ResumableIndex when iter() was never called
+        gens = self.generators(loader)
+        before = _replay.rng_snapshot(gens)
+        changes: dict = {}
+        try:
+            if not reuse:  # a new iterator draws its base seed first (torch's _BaseDataLoaderIter)
+                seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator).item())
+                if loader.num_workers > 0:
+                    changes["worker_seed"] = seed
+                if self.seeding:
+                    changes["sample_seed"] = seed
+            if not self.iterable:
+                changes["order"] = self.index.order_now(EpochRecord(0, None, None, loader.generator))
+        finally:
+            _replay.rng_restore(gens, before)
+        return changes
 
     @staticmethod
     def _single_process_states(dataset, fetcher) -> dict:

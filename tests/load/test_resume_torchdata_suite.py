@@ -10,6 +10,7 @@ torchdata keeps it); ``load_state_dict`` on a loader whose persistent workers al
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -315,3 +316,84 @@ def test_a_stateful_map_datasets_state_is_refused_where_it_cannot_be_given_back(
     with pytest.raises(ResumeStateError, match="backend='processes'"):
         DataLoader(StatefulRandomDraws(), batch_size=3, num_workers=2, backend="threads",
                    collate_fn=ident).load_state_dict(sd)
+
+
+def _fail_init(worker_id):
+    raise ValueError(f"worker init failed in {worker_id}")
+
+
+def test_a_worker_init_fn_error_is_raised_by_iter():
+    # torchdata's TestInitialState.test_init_error: torch's iterator raised it at the first next()
+    loader = DataLoader(RandomDraws(), batch_size=3, num_workers=2, worker_init_fn=_fail_init, collate_fn=ident)
+    with pytest.raises(ValueError, match="worker init failed in"):
+        iter(loader)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_state_taken_before_iter_resumes_the_draws_of_the_epoch_the_loader_then_ran(workers):
+    # torchdata's TestInitialState.test_load_then_state: no generator, so iter() draws the workers'
+    # base seed and the order from torch's global RNG; the state records those draws (on copies).
+    # (With 0 workers a dataset drawing from torch's RNG draws from the user's, which is theirs.)
+    def make():
+        return DataLoader(RandomDraws() if workers else list(range(24)), batch_size=3, shuffle=True,
+                          num_workers=workers, collate_fn=ident)
+
+    loader = make()
+    sd = loader.state_dict()
+    expected = list(loader)
+    other = make()
+    it = iter(other)
+    next(it)
+    other.load_state_dict(sd)
+    assert other.state_dict() == sd
+    torch.manual_seed(12345)  # the resuming process's global RNG is not what the saving one's was
+    assert list(other) == expected
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_map_state_between_epochs_without_a_generator_resumes_the_next_order(persistent):
+    # torchdata's TestSnapshotEnd.test_map_shuffle: RandomSampler with no generator draws the next
+    # epoch's order from torch's global RNG; fastload does not set the user's RNG, the state says
+    def make():
+        return DataLoader(list(range(30)), batch_size=4, shuffle=True, num_workers=2,
+                          persistent_workers=persistent, collate_fn=ident)
+
+    loader = make()
+    list(loader)
+    sd = loader.state_dict()
+    expected = list(loader)
+    other = make()
+    other.load_state_dict(sd)
+    torch.manual_seed(999)
+    before = torch.get_rng_state()
+    assert list(other) == expected
+    assert torch.equal(torch.get_rng_state(), before)  # the user's global RNG was not consumed
+
+
+class IterWorkerDraws(IterableDataset):
+    """A stateless iterable whose workers draw from torch's RNG (torchdata's DummyIterableDataset, shuffled)."""
+
+    def __init__(self, n: int = 12) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, nw = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(wid, self.n, nw):
+            yield (i, int(torch.randint(1000, (1,))), random.randrange(1000))
+
+
+def test_a_state_between_epochs_of_persistent_workers_keeps_their_rng():
+    # torchdata's TestSnapshotEnd.test_iterable (persistent_workers=True): the workers' RNGs go
+    # on from the last epoch; a resumed loader's new workers get the RNGs they ended with
+    def make():
+        return DataLoader(IterWorkerDraws(), batch_size=2, num_workers=2, persistent_workers=True,
+                          generator=torch.Generator().manual_seed(4), collate_fn=ident)
+
+    loader = make()
+    list(loader)
+    sd = json.loads(json.dumps(loader.state_dict()))
+    expected = list(loader)
+    other = make()
+    other.load_state_dict(sd)
+    assert list(other) == expected
