@@ -479,7 +479,10 @@ class ResumableIndex:
                     per = self.inner.batch_size if type(self.inner) is BatchSampler else 1
                     part.resume_from(order.sampler, consumed=skip * per)
                     order = dataclasses.replace(order, sampler=part.state_dict())
-                    rec.plan, rec.base, skip = dataclasses.replace(plan, batches=0, order=order), 0, 0
+                    # in_order=False: the positions yielded ahead, renumbered as the epoch now is (from 0)
+                    ahead = tuple(p - skip for p in plan.ahead if p >= skip)
+                    rec.plan, rec.base = dataclasses.replace(plan, batches=0, order=order, ahead=ahead), 0
+                    rec.ahead, skip = ahead, 0
                 else:
                     part.load_state_dict(order.sampler)
             it = iter(self.inner)

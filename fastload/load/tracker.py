@@ -16,6 +16,7 @@ Must not: make batches, or import torch's private iterator classes (``_resume_it
 from __future__ import annotations
 
 import inspect
+import logging
 
 import dataclasses
 import weakref
@@ -29,6 +30,8 @@ from fastload.load import state as _state
 from fastload.load.state import DistributedOrder, FetcherState, LoaderState, ReplayOrder, WorkerStates
 
 __all__ = ["ResumeTracker", "EpochRecord", "is_stateful"]
+
+log = logging.getLogger("fastload")
 
 
 def is_stateful(obj) -> bool:
@@ -92,6 +95,7 @@ class ResumeTracker:
     def __init__(self, loader, snapshot_every: int) -> None:
         self._loader = weakref.ref(loader)
         self.snapshot_every = snapshot_every
+        self._ahead_said = False
         self.plan: LoaderState | None = None
         self.live: EpochRecord | None = None
         self.index = None  # the ResumableIndex around the loader's index sampler (_resume_iter.py)
@@ -335,8 +339,20 @@ class ResumeTracker:
                 order = self.index.pending_order(rec)
             if isinstance(order, DistributedOrder) and rec.batches:
                 per = loader.batch_size if loader.batch_sampler is not None else 1
+                # the rank's batches up to the first it has not yielded (in_order=False yields later ones
+                # ahead of it: counting those as read lost the batches before them)
+                done = (rec.front if rec.front is not None else rec.position) - rec.base
                 order = dataclasses.replace(order, consumed=order.consumed
-                                            + order.world * min(rec.batches * per, rec.rank_len))
+                                            + order.world * min(done * per, rec.rank_len))
+                if rec.ahead:
+                    # a DistributedSampler's resume is one offset into the global order, the same for every
+                    # rank: batches a rank yielded ahead of its turn are read again after a resume, never lost
+                    if not self._ahead_said:
+                        self._ahead_said = True
+                        log.warning("loader state under DistributedSampler with in_order=False: %d batch(es) "
+                                    "handed out ahead of their turn will be read again after a resume (none is "
+                                    "lost); in_order=True resumes exactly", len(rec.ahead))
+                    changes["ahead"] = ()
             changes["order"] = order
             if rec.workers is not None:
                 changes["workers"] = dataclasses.replace(rec.snapshot, replay=rec.position - rec.snapshot_at)
