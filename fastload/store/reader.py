@@ -107,6 +107,48 @@ def open_resolved(key: str):
     return open_readonly(key)
 
 
+def lock_holder(path: Path) -> str | None:
+    """Who is writing the store at ``path`` now ("pid N on HOST, since ..."), or None when no
+    live conversion holds its writer lock.
+
+    Read without taking the lock (a reader must never make a writer starting at that moment
+    fail): on Linux ``/proc/locks`` lists every held ``flock`` with its inode; elsewhere the
+    pid the lock file names is looked up when it names this host.
+    """
+    import re
+    import socket
+
+    lock = Path(path) / fmt.LOCK_NAME
+    try:
+        ino = os.stat(lock).st_ino
+        owner = lock.read_text("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not owner:
+        return None  # emptied when its writer closed cleanly
+    try:
+        held = Path("/proc/locks").read_text()
+    except OSError:
+        held = None
+    if held is not None:  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:56789 0 EOF" (waiters have "->")
+        for line in held.splitlines():
+            f = line.split()
+            # FLOCK, or POSIX where a file system (NFS) emulates flock with fcntl locks
+            if len(f) >= 6 and f[1] in ("FLOCK", "POSIX") and f[3] == "WRITE" and f[5].rsplit(":", 1)[-1] == str(ino):
+                return owner
+        return None
+    m = re.match(r"pid (\d+) on (\S+),", owner)
+    if m is None or m.group(2) != socket.gethostname():
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return owner
+
+
 def release(path: str | os.PathLike[str]) -> None:
     """Close this process's read handle on ``path`` (before writing to it); reopened on next use."""
     with _ENVS_LOCK:
@@ -223,8 +265,6 @@ def read_meta(env, path: Path) -> fmt.StoreMeta:
                             done += fmt.ChunkRecord.from_bytes(v).stored
                         except (ValueError, TypeError):
                             raise fmt.damaged(path, "one of its chunk records is unreadable") from None
-                from fastload.store.writer import lock_holder
-
                 writer = lock_holder(path)
                 if writer is not None:
                     raise IncompleteStoreError(
