@@ -351,6 +351,20 @@ class StoreReader:
     def __len__(self) -> int:
         return self.offsets[-1]
 
+    shard_ordered = False  #: ``readers.Reader``: random reads are cheap (the store is on this machine)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in store order (one entry for a single store)."""
+        return [m.count for m in self.metas]
+
+    def sample_index(self) -> tuple[list[int], list[str]]:
+        """Every label and relative path (read with the metadata)."""
+        return self.labels.tolist(), self.paths
+
+    def prefetch_shards(self, shards: list[int]) -> None:
+        """Nothing to fetch: the shards are on this machine."""
+
     def _env(self, shard: int):
         hit = _ENVS.get(self._keys[shard])  # hot path: one dict lookup per read
         if hit is not None and hit[0] == os.getpid():

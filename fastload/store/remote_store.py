@@ -34,6 +34,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fastload.datasets import cache_dir as fastload_cache_dir
 from fastload.errors import ChecksumError, ManifestError, RemoteStoreError, StoreDamagedError
 from fastload.store import format as fmt
 from fastload.store import remote
@@ -47,9 +48,9 @@ log = logging.getLogger("fastload")
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/fastload/shards`` (``~/.cache/fastload/shards``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fastload" / "shards"
+    """``shards`` in fastload's one cache folder (``datasets.cache_dir()``: ``$FASTLOAD_CACHE``, else
+    ``$XDG_CACHE_HOME/fastload`` or ``~/.cache/fastload``)."""
+    return fastload_cache_dir() / "shards"
 
 
 def _download(url: str, dest: Path) -> None:
@@ -136,6 +137,8 @@ class RemoteStoreReader:
         self.__dict__.update(state)
         self._samples = None
         self._reset()
+
+    shard_ordered = True  #: ``readers.Reader``: a shard is fetched whole before it is read
 
     def __len__(self) -> int:
         return self.manifest.num_samples

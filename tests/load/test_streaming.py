@@ -36,7 +36,7 @@ def test_same_bytes_labels_and_one_download_per_shard(store_url, local_shards, t
     local = fastload.LMDBImageDataset(local_shards)
     before = downloads()
     ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache", cache_limit="1GB")
-    assert ds.remote and len(ds) == len(local) and ds.classes == local.classes
+    assert ds.reader.shard_ordered and len(ds) == len(local) and ds.classes == local.classes
     assert ds.shard_sizes == local.shard_sizes
     for i in range(len(ds)):
         assert ds.get_bytes(i) == local.get_bytes(i)
