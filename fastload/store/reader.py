@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError, StoreChangedError
+from fastload.marks import timed
 from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME, PLAN_NAME
 from fastload.store.remote import is_remote
@@ -389,6 +390,7 @@ class StoreReader:
     def relpath(self, index: int) -> str:
         return self.paths[index]
 
+    @timed("read")
     def get(self, index: int, *, verify: bool | None = None) -> bytes:
         """The stored bytes of sample ``index``, checked against their crc32 (unless ``verify=False``).
 

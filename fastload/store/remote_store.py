@@ -36,6 +36,7 @@ from pathlib import Path
 
 from fastload.datasets import cache_dir as fastload_cache_dir
 from fastload.errors import ChecksumError, ManifestError, RemoteStoreError, StoreDamagedError
+from fastload.marks import timed
 from fastload.store import format as fmt
 from fastload.store import remote
 from fastload.store.cache import ShardCache, ShardSpec
@@ -283,6 +284,7 @@ class RemoteStoreReader:
         shard, local = self.locate(index)
         return self._shard(shard)[1].paths[local]
 
+    @timed("read")
     def get(self, index: int, *, verify: bool | None = None) -> bytes:
         """The stored bytes of sample ``index``, checked against their crc32 (unless ``verify=False``).
 
