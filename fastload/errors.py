@@ -167,7 +167,7 @@ class RemoteStoreError(StoreError):
     ``reason`` is one of ``"credentials"``, ``"bucket"``, ``"missing"``, ``"endpoint"``, ``"other"``.
     """
 
-    io_failure = True  # a read that failed is not a bad input (_pool.TaskError.io): the work is redone
+    io_failure = True  # a read that failed is not a bad input (pool.TaskError.io): the work is redone
 
     def __init__(self, message: str, *, url: str = "", reason: str = "other") -> None:
         super().__init__(message)

@@ -2,7 +2,8 @@
 
 Every module under ``fastload/`` is listed in docs/layout.md, and every import of a fastload
 module (at module level or inside a function) goes to a room on a lower floor of that page,
-or stays inside its own room.
+or stays inside its own room. Inside a room the modules import each other in no circle, and a
+``_private`` module is imported only inside its own room.
 """
 
 from __future__ import annotations
@@ -76,6 +77,64 @@ def violations(rooms: dict[str, int], root: Path = ROOT) -> list[str]:
     return broken
 
 
+def module_of(target: str, known: set[str]) -> str:
+    """The module an imported name lives in (``fastload.store.reader.release`` -> ``fastload.store.reader``)."""
+    while target not in known and "." in target:
+        target = target.rpartition(".")[0]
+    return target
+
+
+def in_room_graph(root: Path = ROOT) -> dict[str, dict[str, int]]:
+    """module -> {module of the same room it imports: line}, the room's face (``__init__``) left out: it
+    re-exports its room, and the room's modules may import names through it only by its own rules."""
+    paths = modules(root)
+    known = {module_name(p, root) for p in paths}
+    graph: dict[str, dict[str, int]] = {}
+    for path in paths:
+        here = module_name(path, root)
+        if path.name == "__init__.py":
+            continue
+        for line, target in imported(path, root):
+            there = module_of(target, known)
+            if there != here and there in known and room_of(there) == room_of(here) and there.count(".") >= 2 \
+                    and not there.endswith(".__init__") and there.split(".")[-1] != room_of(here):
+                graph.setdefault(here, {}).setdefault(there, line)
+    return graph
+
+
+def circles(root: Path = ROOT) -> list[str]:
+    """Every circle of imports inside a room, one line each (``a -> b -> a``), whatever its length."""
+    graph = in_room_graph(root)
+    found: set[tuple[str, ...]] = set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in graph.get(node, {}):
+            if nxt == path[0]:
+                i = path.index(min(path))
+                found.add(tuple(path[i:] + path[:i]))
+            elif nxt not in path and nxt > path[0]:
+                walk(nxt, path + [nxt])
+
+    for start in graph:
+        walk(start, [start])
+    return [" -> ".join(c + (c[0],)) for c in sorted(found)]
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """Imports of another room's ``_private`` module (a module whose own name starts with ``_``)."""
+    paths = modules(root)
+    known = {module_name(p, root) for p in paths}
+    broken = []
+    for path in paths:
+        here = module_name(path, root)
+        for line, target in imported(path, root):
+            there = module_of(target, known)
+            last = there.split(".")[-1]
+            if last.startswith("_") and not last.startswith("__") and room_of(there) != room_of(here):
+                broken.append(f"{path.relative_to(root)}:{line} imports {there}, private to {room_of(there)}")
+    return sorted(set(broken))
+
+
 def test_the_layout_page_lists_every_module_and_places_every_room():
     text = LAYOUT.read_text()
     missing = [str(p.relative_to(ROOT)) for p in modules() if f"`{p.relative_to(ROOT).as_posix()}`" not in text]
@@ -114,3 +173,46 @@ def test_an_import_up_or_across_is_reported_and_one_down_is_not(tmp_path, room, 
     path.parent.mkdir(parents=True)
     path.write_text(source)
     assert bool(violations(floors(LAYOUT.read_text()), tmp_path)) == bad
+
+
+def test_no_room_imports_itself_in_a_circle():
+    found = circles()
+    assert not found, ("modules of one room that import each other in a circle (move the shared piece down "
+                       "instead of hiding the circle in a deferred import):\n" + "\n".join(found))
+
+
+def test_no_room_imports_another_rooms_private_module():
+    broken = private_imports()
+    assert not broken, "a _module is imported only inside its own room:\n" + "\n".join(broken)
+
+
+def _tree(tmp_path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / "fastload" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"store/a.py": "from fastload.store.b import x\n", "store/b.py": "def f():\n    from fastload.store.a import y\n"},
+     ["fastload.store.a -> fastload.store.b -> fastload.store.a"]),  # one side hidden in a function
+    ({"pack/a.py": "from .b import x\n", "pack/b.py": "from . import c\n", "pack/c.py": "import fastload.pack.a\n"},
+     ["fastload.pack.a -> fastload.pack.b -> fastload.pack.c -> fastload.pack.a"]),  # three long, relative
+    ({"load/a.py": "from fastload.load.b import x\n", "load/b.py": "from fastload.load.c import y\n",
+      "load/c.py": "import os\n"}, []),  # a chain down, no circle
+    ({"load/a.py": "from fastload.load import b\n", "load/b.py": "from fastload.store.a import z\n",
+      "store/a.py": "from fastload.errors import E\n"}, []),  # a room's face is not a module of the circle
+])
+def test_a_circle_inside_a_room_is_reported_at_any_length(tmp_path, files, expected):
+    assert circles(_tree(tmp_path, files)) == expected
+
+
+@pytest.mark.parametrize("files, bad", [
+    ({"cli/x.py": "from fastload.profiling._probe import f\n", "profiling/_probe.py": ""}, True),
+    ({"pack/x.py": "def f():\n    from fastload._helpers import g\n", "_helpers.py": ""}, True),  # an edge module
+    ({"profiling/x.py": "from fastload.profiling._probe import f\n", "profiling/_probe.py": ""}, False),  # own room
+    ({"cli/x.py": "from fastload.profiling.compare import f\n", "profiling/compare.py": ""}, False),
+])
+def test_an_import_of_another_rooms_private_module_is_reported(tmp_path, files, bad):
+    assert bool(private_imports(_tree(tmp_path, files))) == bad

@@ -1,7 +1,7 @@
 """``fastload bench convert``: conversion speed against simply reading the files.
 
 Owns: one side-by-side run, in one process tree, of three passes over the same files with
-the same worker pool (``fastload._pool``): read only (``cat``), read + validate — the very
+the same worker pool (``fastload.pool``): read only (``cat``), read + validate — the very
 worker function conversion runs per file (``fastload.pack.work:prepare_item``, called
 by name with conversion's options, so the denominator is whatever validation ``convert``
 really does) — and ``convert`` into a temporary store (validation plus writing). A first
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastload._pool import imap_isolated
+from fastload.pool import imap_isolated
 from fastload.errors import ConvertError
 from fastload.pack.convert import ConvertOptions, convert, validator_options
 from fastload.pack.sources import open_source

@@ -127,7 +127,7 @@ def recipe_compare(a: Path, b: Path) -> None:
     Two profile.json files (from `fastload profile`) are compared as `fastload profile compare` does.
     """
     from fastload.measure.report import compare_results
-    from fastload.profiling._profile_compare import compare_profiles, read_result_or_profile
+    from fastload.profiling.compare import compare_profiles, read_result_or_profile
 
     (kind_a, ra), (kind_b, rb) = read_result_or_profile(a), read_result_or_profile(b)
     if kind_a == kind_b == "profile":

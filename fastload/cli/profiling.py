@@ -58,7 +58,7 @@ def profile(steps, seconds, until_end, warmup, out, headspace, verify_fix, verif
     import sys
 
     from fastload.errors import ProfileError
-    from fastload.profiling._profile_compare import compare_profiles, is_compare_call, read_profile
+    from fastload.profiling.compare import compare_profiles, is_compare_call, read_profile
     from fastload.profiling.profile import ProfileOptions, format_summary, run_profile
 
     if is_compare_call(command):

@@ -276,7 +276,7 @@ def inspect(store: Path, as_json: bool, train_size: int, advise: bool) -> None:
     """Show what STORE holds: count, classes, bytes, encodings, options, completeness, size advice.
 
     STORE may be s3://... (gs://, az://): its shards are read through the node shard cache
-    (~/.cache/fastload/shards), downloaded if not there; no size advice for a URL."""
+    ($FASTLOAD_CACHE/shards, else ~/.cache/fastload/shards), downloaded if not there; no size advice for a URL."""
     from fastload.store.check import inspect_store
     from fastload.store.remote import is_remote
 

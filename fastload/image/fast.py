@@ -49,6 +49,7 @@ from PIL import Image
 
 from fastload.image.policy import (DEFAULT_MAX_PIXELS, check_pixels, decode_reference, decode_rgb, is_jpeg,
                                    open_image, raw_header, sniff)
+from fastload.marks import timed
 
 __all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "jpeg_backend", "fallback_counts"]
 
@@ -126,6 +127,7 @@ def image_size(data: bytes) -> tuple[int, int]:
     return img.height, img.width
 
 
+@timed("decode")
 def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
                     size: tuple[int, int] | None = None) -> np.ndarray:
     """Decode to an HWC uint8 RGB array, at least ``min_height`` × ``min_width`` when possible.
@@ -157,6 +159,7 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
     return decode_rgb(data)
 
 
+@timed("decode")
 def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int) -> np.ndarray:
     """The ``height`` × ``width`` region at (``top``, ``left``) of the image, HWC uint8 RGB.
 
@@ -190,6 +193,7 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
     return decode_rgb_fast(data)[top:top + height, left:left + width]
 
 
+@timed("decode")
 def decode_pil(data: bytes) -> Image.Image:
     """Reference decode to a PIL RGB image, exactly what ``ImageFolder`` + EXIF would give."""
     return decode_reference(data)

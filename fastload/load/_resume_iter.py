@@ -39,7 +39,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 from fastload.errors import ResumeStateError
 from fastload.load.replay import SampleIndex, global_order, mix_seed, rng_restore, rng_snapshot, seeded_get, segment
 from fastload.load.state import DistributedOrder, ReplayOrder
-from fastload.load.tracker import EpochRecord, is_stateful
+from fastload.load.tracker import EpochRecord, is_stateful, settle_ended
 
 __all__ = ["SingleIter", "MultiIter", "ResumableIndex", "WorkerInit", "WithState", "EpochRecord", "is_stateful",
            "worker_rng_states", "set_worker_rng_states"]
@@ -301,29 +301,6 @@ class SnapIndex(list):
     def __init__(self, index, snapshot: bool, batched: bool) -> None:
         super().__init__(index)
         self.snapshot, self.batched = snapshot, batched
-
-
-def settle_ended(fetcher, dataset, dataset_state, iter_state) -> None:
-    """Resume an iterable dataset whose state was taken after its last sample: nothing more is
-    read this epoch (torchdata's ``fetcher_ended``), and the dataset is left as it was then.
-
-    Whether the loaded state already says "nothing left" depends on the dataset: one whose
-    ``load_state_dict`` sets a start that its next ``iter()`` consumes must run that iterator
-    once (or its next epoch starts at the end); one that resets itself when exhausted (the
-    torchdata tutorial's) would start over. So the iterator is asked once: if it had more, the
-    state is loaded again into a fresh iterator (one sample read and dropped, at resume only).
-    """
-    try:
-        next(fetcher.dataset_iter)
-    except StopIteration:
-        pass
-    else:
-        if dataset_state is not None:
-            dataset.load_state_dict(dataset_state)
-        fetcher.dataset_iter = iter(dataset)
-        if iter_state is not None and is_stateful(fetcher.dataset_iter):
-            fetcher.dataset_iter.load_state_dict(iter_state)
-    fetcher.ended = True
 
 
 class _WorkerTrack:

@@ -221,10 +221,10 @@ class DALILoader:
             from fastload.load.workers import auto_num_workers
 
             num_threads = max(1, auto_num_workers())
-        from fastload.store.remote import is_remote
+        from fastload.store.readers import ReaderOptions, is_store_url, open_store_reader
 
-        self.remote = is_remote(str(source))
-        self.source = str(source).rstrip("/") + "/" if self.remote else Path(source)
+        url = is_store_url(str(source))
+        self.source = str(source).rstrip("/") + "/" if url else Path(source)
         self.batch_size, self.train, self.size = batch_size, train, size
         self.device, self.num_threads = device, int(num_threads)
         self.seed = seed
@@ -246,7 +246,7 @@ class DALILoader:
         self.shard_id, self.num_shards = shard_id, num_shards
         self.device_id = (opt.device_id if opt.device_id is not None else torch.cuda.current_device()) \
             if device == "gpu" else None
-        self.from_store = self.remote or _is_store(self.source)
+        self.from_store = url or _is_store(self.source)
         if on_error == "skip" and not self.from_store:
             raise ValueError("on_error='skip' needs a store (DALI's file reader cannot replace a file); pack the "
                              "folder with `fastload convert` first, it skips and reports bad files.")
@@ -254,22 +254,19 @@ class DALILoader:
             raise ValueError(f"{source}: order='shards' needs a store (a folder of shards, or a URL); an image "
                              "folder is read by DALI's file reader.\nHINT: pack it with `fastload convert "
                              "--num-shards` first, or use order='auto'.")
-        self.by_shards = self.from_store and (opt.order == "shards" or (opt.order == "auto" and self.remote))
+        self.by_shards = False
         if self.from_store:
             from fastload.load._dali_source import StoreSource
-            from fastload.store.reader import StoreReader
 
-            if self.remote:  # DALI's spawned workers unpickle it and lease shards from the same node cache
-                from fastload.store.remote_store import RemoteStoreReader
-
-                # by shards, a worker keeps the window's shards (and the one it turns to) leased, no more
-                self._reader = RemoteStoreReader(self.source, cache_dir=opt.cache_dir, cache_limit=opt.cache_limit,
-                                                 open_shards=opt.window + 1 if self.by_shards else 5)
-            else:
-                self._reader = StoreReader(self.source)
+            # DALI's spawned workers unpickle the reader (a URL's leases shards from the same node cache); by
+            # shards, a worker keeps the window's shards (and the one it turns to) leased, no more
+            self._reader = open_store_reader(self.source, ReaderOptions(
+                cache_dir=opt.cache_dir, cache_limit=opt.cache_limit,
+                open_shards=opt.window + 1 if opt.order in ("shards", "auto") else 5))
+            self.by_shards = opt.order == "shards" or (opt.order == "auto" and self._reader.shard_ordered)
             shards = None
             if self.by_shards:
-                sizes = self._reader.shard_sizes if self.remote else [m.count for m in self._reader.metas]
+                sizes = self._reader.shard_sizes
                 shards = ShardOrder(sizes, num_replicas=num_shards, rank=shard_id, shuffle=self.shuffle, seed=seed,
                                     window=opt.window)
             self._src = StoreSource(self._reader, batch_size, shuffle=self.shuffle, seed=seed, rank=shard_id,
@@ -399,7 +396,7 @@ class DALILoader:
         for n, batch in enumerate(batches):
             if n == 0:
                 self.time_to_first_batch = time.perf_counter() - t0
-                if self.remote:
+                if self.from_store and self._reader.shard_ordered:
                     logging.getLogger("fastload").info(
                         "fastload: first batch of epoch %d from %s after %.2f s (DALI, device=%s)", epoch,
                         self.source, self.time_to_first_batch, self.device)

@@ -25,10 +25,9 @@ from fastload.image.fast import decode_pil
 from fastload.image.policy import sample_error
 from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import is_preset
-from fastload.store.reader import StoreReader
-from fastload.store.remote import is_remote
+from fastload.store.readers import Reader, ReaderOptions, open_store_reader
 
-__all__ = ["LMDBImageDataset"]
+__all__ = ["LMDBImageDataset", "reads_by_shard"]
 
 
 class _Samples(Sequence):
@@ -54,7 +53,8 @@ class LMDBImageDataset(torch.utils.data.Dataset):
             of a sharded store in object storage (``s3://bucket/store/``, ``gs://``, ``az://``):
             its shards are fetched whole into a node-local cache as they are read
             (``store/cache.py``), and ``fastload.DataLoader`` reads it with a ``ShardSampler``.
-        cache_dir: for a URL: the node's shard cache directory (default ``~/.cache/fastload/shards``).
+        cache_dir: for a URL: the node's shard cache directory (default ``shards`` in fastload's cache folder:
+            ``$FASTLOAD_CACHE/shards``, else ``~/.cache/fastload/shards``).
         cache_limit: for a URL: the bytes that cache may hold (``"20GB"``; default no limit).
         transform: applied to the PIL image; a fastload preset (``train_transform()``,
             ``eval_transform()``) gets the stored bytes instead and uses the fast path.
@@ -83,24 +83,21 @@ class LMDBImageDataset(torch.utils.data.Dataset):
                  readahead: bool = False, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: int | str | None = None) -> None:
         check_on_error(on_error)
-        self.remote = is_remote(str(path))
-        if self.remote:
-            from fastload.store.remote_store import RemoteStoreReader
-
-            self._reader = RemoteStoreReader(str(path), cache_dir=cache_dir, cache_limit=cache_limit)
-        else:
-            if cache_dir is not None or cache_limit is not None:
-                raise ValueError(f"{path}: cache_dir and cache_limit are for stores in object storage "
-                                 "(s3://, gs://, az://); a local store is read in place.")
-            self._reader = StoreReader(path, readahead=readahead)
+        self._reader: Reader = open_store_reader(
+            path, ReaderOptions(readahead=readahead, cache_dir=cache_dir, cache_limit=cache_limit))
         self.root = str(path)
         self.transform = transform
         self.target_transform = target_transform
         self.on_error = on_error
         self.classes: list[str] = list(self._reader.classes)
         self.class_to_idx: dict[str, int] = {c: i for i, c in enumerate(self.classes)}
-        self._targets: list[int] | None = None if self.remote else self._reader.labels.tolist()
+        self._targets: list[int] | None = None
         self.skipped = 0  # samples replaced under on_error="skip", in this process
+
+    @property
+    def reader(self) -> Reader:
+        """The store's reader (``store.readers.Reader``): what the dataset reads, and what it declares."""
+        return self._reader
 
     @property
     def targets(self) -> list[int]:
@@ -118,18 +115,15 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
     @property
     def samples(self) -> Sequence:
-        """``(relpath, label)`` per sample, as ImageFolder has it (remote: as ``targets``)."""
-        if self.remote:
-            index = self._reader.sample_index()
-            if index is not None:
-                return _Samples(index[1], index[0])
-            return [(self._reader.relpath(i), t) for i, t in enumerate(self.targets)]
-        return _Samples(self._reader.paths, self._reader.labels)
+        """``(relpath, label)`` per sample, as ImageFolder has it (a URL: as ``targets``)."""
+        index = self._reader.sample_index()
+        if index is not None:
+            return _Samples(index[1], index[0])
+        return [(self._reader.relpath(i), t) for i, t in enumerate(self.targets)]
 
     def prefetch_shards(self, shards: list[int]) -> None:
-        """Download these shards in the background (remote stores; ``ShardSampler`` calls it)."""
-        if self.remote:
-            self._reader.prefetch_shards(shards)
+        """Download these shards in the background (stores in object storage; ``ShardSampler`` calls it)."""
+        self._reader.prefetch_shards(shards)
 
     def __len__(self) -> int:
         return len(self._reader)
@@ -137,9 +131,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
     @property
     def shard_sizes(self) -> list[int]:
         """Samples per shard, in store order (one entry for a single store): ``ShardSampler`` reads it."""
-        if self.remote:
-            return self._reader.shard_sizes
-        return [m.count for m in self._reader.metas]
+        return self._reader.shard_sizes
 
     def get_bytes(self, index: int) -> bytes:
         """The encoded image bytes of sample ``index`` exactly as stored."""
@@ -188,3 +180,9 @@ class LMDBImageDataset(torch.utils.data.Dataset):
     def __repr__(self) -> str:
         return (f"LMDBImageDataset({self.root!r}, {len(self)} samples, {len(self.classes)} classes, "
                 f"transform={self.transform!r})")
+
+
+def reads_by_shard(dataset: object) -> bool:
+    """True for a fastload dataset whose reader declares ``shard_ordered`` (a store in object storage):
+    a loader given no sampler reads it with a ``ShardSampler``."""
+    return isinstance(dataset, LMDBImageDataset) and dataset.reader.shard_ordered

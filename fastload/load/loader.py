@@ -54,7 +54,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from fastload.load import _resume_iter as _ri
 from fastload.load import state as _state
 from fastload.load.tracker import ResumeTracker
-from fastload.load.dataset import LMDBImageDataset
+from fastload.load.dataset import LMDBImageDataset, reads_by_shard
 from fastload.load.transforms import preset_size
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
@@ -102,7 +102,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             pin_memory = torch.cuda.is_available()
         self.backend = backend  # before torch's __init__, which calls check_worker_number_rationality
         auto_sampler = False
-        if sampler is None and batch_sampler is None and getattr(dataset, "remote", False):
+        if sampler is None and batch_sampler is None and reads_by_shard(dataset):
             # a store in object storage is read shard by shard (load/shards.py), with or without
             # torch.distributed: a random order over all samples would download every shard at once
             from fastload.load.shards import ShardSampler
@@ -154,7 +154,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return
         seconds = self.__dict__["time_to_first_batch"] = time.perf_counter() - t0
         self.__dict__["_fl_iter_t0"] = None
-        if getattr(self.dataset, "remote", False):
+        if reads_by_shard(self.dataset):
             try:
                 self.dataset.time_to_first_batch = seconds
             except AttributeError:

@@ -29,7 +29,7 @@ from fastload.load import replay as _replay
 from fastload.load import state as _state
 from fastload.load.state import DistributedOrder, FetcherState, LoaderState, ReplayOrder, WorkerStates
 
-__all__ = ["ResumeTracker", "EpochRecord", "is_stateful"]
+__all__ = ["ResumeTracker", "EpochRecord", "is_stateful", "settle_ended"]
 
 log = logging.getLogger("fastload")
 
@@ -55,6 +55,29 @@ def is_stateful(obj) -> bool:
     one_arg = any(p.kind in positional or p.kind is p.VAR_POSITIONAL for p in lsd_params)
     required = [p for p in lsd_params if p.kind in positional and p.default is p.empty]
     return no_arg and one_arg and len(required) <= 1
+
+
+def settle_ended(fetcher, dataset, dataset_state, iter_state) -> None:
+    """Resume an iterable dataset whose state was taken after its last sample: nothing more is
+    read this epoch (torchdata's ``fetcher_ended``), and the dataset is left as it was then.
+
+    Whether the loaded state already says "nothing left" depends on the dataset: one whose
+    ``load_state_dict`` sets a start that its next ``iter()`` consumes must run that iterator
+    once (or its next epoch starts at the end); one that resets itself when exhausted (the
+    torchdata tutorial's) would start over. So the iterator is asked once: if it had more, the
+    state is loaded again into a fresh iterator (one sample read and dropped, at resume only).
+    """
+    try:
+        next(fetcher.dataset_iter)
+    except StopIteration:
+        pass
+    else:
+        if dataset_state is not None:
+            dataset.load_state_dict(dataset_state)
+        fetcher.dataset_iter = iter(dataset)
+        if iter_state is not None and is_stateful(fetcher.dataset_iter):
+            fetcher.dataset_iter.load_state_dict(iter_state)
+    fetcher.ended = True
 
 
 class EpochRecord:
@@ -173,8 +196,6 @@ class ResumeTracker:
                     fetcher.dataset_iter.load_state_dict(plan.fetcher.iter_state)
                     user_rng = True
                 if plan.fetcher.ended:
-                    from fastload.load._resume_iter import settle_ended
-
                     settle_ended(fetcher, loader.dataset, plan.dataset_state, plan.fetcher.iter_state)
             if self.iterable and rec is not None:
                 for _ in range(plan.batches - rec.base):  # no state (or a snapshot behind): read them again

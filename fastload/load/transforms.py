@@ -34,6 +34,7 @@ import torch
 
 from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
 from fastload.image.policy import mode_to_rgb
+from fastload.marks import timed
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
@@ -270,6 +271,7 @@ class TrainTransform:
             y0, x0, y1, x1 = i, j, i + ch, j + cw
         return torch.from_numpy(arr[y0:y1, x0:x1].transpose(2, 0, 1))
 
+    @timed("transform", own=True, per_class=True)
     def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
         """Decode only as much as the crop needs, then crop, resize and flip.
 
@@ -279,6 +281,7 @@ class TrainTransform:
         drawn = self.draw(data, generator)
         return self._finish(self.decode_crop(data, drawn), drawn[6])
 
+    @timed("transform", own=True, per_class=True)
     def __call__(self, img) -> torch.Tensor:
         chw = _as_chw(img)
         i, j, ch, cw = self.crop_box(chw.shape[1], chw.shape[2])
@@ -312,6 +315,7 @@ class EvalTransform:
         left = int(round((target[1] - self.size) / 2.0))
         return out[:, top:top + self.size, left:left + self.size]
 
+    @timed("transform", own=True, per_class=True)
     def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
         """Decode at the smallest DCT scale the resize allows, resize, center-crop.
 
@@ -322,6 +326,7 @@ class EvalTransform:
         arr = decode_rgb_fast(data, min_height=target[0], min_width=target[1], size=(h, w))
         return self.resize_and_crop(torch.from_numpy(arr).permute(2, 0, 1), target)
 
+    @timed("transform", own=True, per_class=True)
     def __call__(self, img) -> torch.Tensor:
         chw = _as_chw(img)
         return self.resize_and_crop(chw, self.resize_target(chw.shape[1], chw.shape[2]))

@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastload.errors import SourceError
-from fastload.pack.sources import IMG_EXTENSIONS, Source, class_count
+from fastload.pack.sources import IMG_EXTENSIONS, Source, class_count, open_source, remote_source
 from fastload.store import remote
 
-__all__ = ["ContainerSource", "container_source", "is_container_source", "read_member"]
+__all__ = ["ContainerSource", "container_source", "is_container_source", "read_member", "open_any_source"]
 
 _IMAGE_COLUMN, _LABEL_COLUMN = "image", "label"
 
@@ -334,3 +334,17 @@ def read_member(location: str) -> bytes:
     img = _ROW_GROUP["rows"][int(b)]  # type: ignore[index]
     data = img.get("bytes") if isinstance(img, dict) else img
     return bytes(data or b"")
+
+
+def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
+                    num_classes: int | None = None) -> Source:
+    """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs, and
+    ``container_source`` for WebDataset tar shards and Parquet files (local or remote)."""
+    from fastload.store.remote import is_remote, listed_once
+
+    with listed_once():  # a remote prefix is listed once, whatever asks
+        if is_container_source(str(path)):
+            return container_source(path, num_classes=num_classes)
+        if is_remote(str(path)):
+            return remote_source(str(path), num_classes=num_classes)
+    return open_source(path, exclude=exclude, num_classes=num_classes)

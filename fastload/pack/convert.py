@@ -1,6 +1,6 @@
 """``convert(source, dst, options) -> ConvertReport``: pack a dataset into an LMDB store.
 
-Owns: the conversion run. Worker processes (``_pool.imap_isolated``) read, validate and,
+Owns: the conversion run. Worker processes (``pool.imap_isolated``) read, validate and,
 when needed, canonicalise or re-encode each file (``pack.work.prepare_item``: typed
 ``PrepareOptions`` in, ``Prepared | Rejected`` out, around ``image.policy.prepare``); this process
 commits them in order through ``store.writer.StoreWriter``, in chunked transactions, each
@@ -25,7 +25,7 @@ import numpy as np
 
 from fastload.errors import ConvertError
 from fastload.image.policy import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_PIXELS, ENCODING_CHOICES
-from fastload._pool import imap_isolated
+from fastload.pool import imap_isolated
 from fastload.pack.sources import Source, open_source
 from fastload.pack.work import PrepareOptions, Prepared, Rejected
 from fastload.store import format as fmt

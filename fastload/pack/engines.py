@@ -38,11 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from fastload.errors import ConvertError, MissingDependencyError
+from fastload.errors import ConvertError
 from fastload.pack.convert import ConvertOptions, ConvertReport, _differences, _name_salvaged
 from fastload.pack.shard import (HANDLER, ShardJob, ShardResult, ShardSpec, convert_shard, describe_published,
                                  fsync_dir, published)
-from fastload.pack.sources import Source, open_any_source
+from fastload.pack.containers import open_any_source
+from fastload.pack.sources import Source
 from fastload.pack.work import PrepareOptions
 from fastload.store import format as fmt
 from fastload.store import remote
@@ -312,7 +313,7 @@ def convert_sharded(source: str | os.PathLike[str], dst: str | os.PathLike[str],
     try:
         if engine.engine == "local":
             # today's crash-isolated pool, one for every file of every shard; shards written in order
-            from fastload._pool import imap_isolated
+            from fastload.pool import imap_isolated
 
             payloads = [f[0] for s in todo for f in s.files]
             stream = imap_isolated(job.handler, job.prepare, payloads, options.workers or _cpus())
@@ -392,11 +393,3 @@ def _fill_from_manifest(report: ConvertReport, manifest: Manifest) -> None:
     report.bytes_stored = int(c.get("bytes", 0))
     report.salvaged = list(c.get("salvaged", []))
     report.decoder_warnings = list(c.get("decoder_warnings", []))
-
-
-def require_ray():
-    try:
-        import ray
-    except ImportError:
-        raise MissingDependencyError("--engine ray needs Ray.\nHINT: pip install 'fastload[ray]'") from None
-    return ray

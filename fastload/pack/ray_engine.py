@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from fastload.errors import ConvertError
+from fastload.errors import ConvertError, MissingDependencyError
 
 __all__ = ["run_on_ray", "connect", "import_ray", "start_local"]
 
@@ -27,8 +27,6 @@ def import_ray(*, local: bool):
     it starts inherits): Ray then keeps a 127.0.0.1 node address instead of replacing it with the
     machine's routable one (docs/convert-at-scale.md, "Ray on loopback")."""
     import sys
-
-    from fastload.pack.engines import require_ray
 
     if local:
         os.environ[_LOCAL_ENV] = "0"
@@ -154,3 +152,11 @@ def _wait_all(ray, pending: dict, job, engine, progress, shard_done, stats: dict
     files, nbytes, retries = ray.get(reporter.take.remote())
     stats["retries"] = retries
     progress(files, nbytes)
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("--engine ray needs Ray.\nHINT: pip install 'fastload[ray]'") from None
+    return ray

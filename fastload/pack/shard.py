@@ -97,7 +97,7 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
     processes), compacts it into one ``data.mdb``, then publishes it: an atomic rename into a
     local DST, one upload to a remote one. ``on_file(files, bytes)`` is called as files are done.
     ``prepared``: the shard's files already going through a pool (``(j, ok, value)`` in order, as
-    ``_pool.imap_isolated`` yields them); by default a pool of ``job.workers`` is started here.
+    ``pool.imap_isolated`` yields them); by default a pool of ``job.workers`` is started here.
 
     Raises:
         ConvertError: the shard cannot be written (disk, permissions) or published.
@@ -105,7 +105,7 @@ def convert_shard(shard: ShardSpec, job: ShardJob, on_file: Callable[[int, int],
     """
     import lmdb
 
-    from fastload._pool import imap_isolated
+    from fastload.pool import imap_isolated
     from fastload.store.writer import StoreWriter
 
     for k, v in job.env:

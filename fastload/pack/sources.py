@@ -391,18 +391,3 @@ def remote_source(url: str, *, num_classes: int | None = None) -> RemoteSource:
     items = [(rel, label) for label, name in enumerate(classes) for rel in sorted(by_class[name])]
     return RemoteSource("imagefolder", url, url, classes, items, [],  # type: ignore[arg-type]
                         {rel: rel_sizes[rel] for rel, _ in items}, {rel: rel_versions[rel] for rel, _ in items})
-
-
-def open_any_source(path: str | os.PathLike[str], *, exclude: tuple[Path, ...] = (),
-                    num_classes: int | None = None) -> Source:
-    """``open_source`` for local paths, ``remote_source`` for ``s3://`` / ``gs://`` / ``az://`` URLs, and
-    ``pack.containers.container_source`` for WebDataset tar shards and Parquet files (local or remote)."""
-    from fastload.pack.containers import container_source, is_container_source
-    from fastload.store.remote import is_remote, listed_once
-
-    with listed_once():  # a remote prefix is listed once, whatever asks
-        if is_container_source(str(path)):
-            return container_source(path, num_classes=num_classes)
-        if is_remote(str(path)):
-            return remote_source(str(path), num_classes=num_classes)
-    return open_source(path, exclude=exclude, num_classes=num_classes)

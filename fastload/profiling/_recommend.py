@@ -52,6 +52,8 @@ Must not: run anything, import torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastload.profiling._snippet import loader_snippet, store_snippet, uint8_snippet
@@ -228,6 +230,359 @@ def recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[s
     return f"{verdict.split(':', 1)[0]} ({said}):{verdict.split(':', 1)[1]}", recs
 
 
+@dataclass(kw_only=True)
+class Recommendation:
+    """One ranked change: what to change (``change``), the loader stage it belongs to (``stage``; None: not
+    the loader), why, and the predicted images/s ratio (``expected_gain``; ``bound``: an upper bound, not a
+    prediction); the code change, what ``--verify-fix`` applies (``apply``) and its own prediction
+    (``verify_gain``, ``verify_part``) where there are."""
+
+    change: str
+    stage: str | None
+    why: str
+    expected_gain: float
+    code: str | None = None
+    apply: dict[str, Any] | None = None
+    bound: bool = False
+    verify_gain: Any = None
+    verify_part: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record profile.json and the report read: the optional keys only where they are set."""
+        d: dict[str, Any] = {"change": self.change, "stage": self.stage, "why": self.why,
+                             "expected_gain": self.expected_gain}
+        for key in ("code", "apply", "verify_gain", "verify_part"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
+        if self.bound:
+            d["bound"] = True
+        return d
+
+
+@dataclass(kw_only=True)
+class Model:
+    """What every rule reads: the measurement and the gain model fitted to it (the module docstring)."""
+
+    s: dict[str, Any]
+    has_gpu: bool
+    cuda: bool
+    plan_workers: int
+    T: float
+    c: float
+    cap: float
+    load_cap: float
+    w_now: int
+    cpus: int
+    threads: bool
+    cores: float
+    created: str | None
+    samples: dict[str, Any] | None = None
+    tb: float = 0.0
+    tcpu: float = 0.0
+    share: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
+    top: str = ""
+    ratio: dict[int, float] = field(default_factory=dict)
+    best: int = 0
+    best_gain: float = 1.0
+    saturated: bool = False
+    io_bound: bool = False
+    contended: bool = False
+    step_rq: float = 0.0
+    floats: float = 0.0
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def n_after(self) -> tuple[int, int]:
+        return (self.w_now, self.best)
+
+    def cpu_cap(self, tb_new: float) -> float:
+        """Nor faster than this process's CPUs can do the loading's own CPU time (images/s <= CPUs / CPU
+        seconds per image), after a change that leaves ``tb_new`` of the batch's loading time."""
+        return self.T * self.cpus / (tb_new * self.share) if tb_new * self.share > 0 else math.inf
+
+    def step_time(self, n: int, tb_new: float | None = None, tcpu_new: float | None = None) -> float:
+        return predict_step(n, c=self.c, tb=self.tb if tb_new is None else tb_new,
+                            tcpu=self.tcpu if tcpu_new is None else tcpu_new, cpus=self.cpus, step_cores=self.cores)
+
+    def gain(self, tb_new: float, tcpu_new: float, candidates: tuple[int, ...]) -> float:
+        bound_new = min(self.load_cap, self.cpu_cap(tb_new))
+        if self.threads:  # no thread model (see below): only the bound that removing that part of the sample allows
+            return min(bound_new, self.tb / max(1e-12, tb_new))
+        return min(bound_new, self.T / min(self.step_time(n, tb_new, tcpu_new) for n in candidates))
+
+    def shares_step_cpus(self, n: int) -> bool:
+        """A multi-threaded step whose CPUs busy workers would share: its threads wait for each other at every
+        parallel region while a worker holds one of their CPUs, which costs more than the pace-of-the-slowest
+        term (measured on a quiet 2-CPU machine: a 17 ms 2-thread step ran 3x longer beside 2 busy workers, and
+        2 workers gave 1.29x where the model said 1.73x; docs/profile-advice.md). How much more depends on how
+        many parallel regions a step has, which the profile does not see: such a worker count's figure is an
+        upper bound, not a prediction."""
+        return n > 0 and self.cores >= 1.2 and self.cores + min(n, self.tcpu * self.ratio[n] / self.T) > self.cpus + 0.05
+
+
+def _model(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> Model:
+    """The model of an input-bound run; sets ``s["predictions"]`` (every worker count tried)."""
+    wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
+    loader = s["loader"]
+    T = 1.0 / s["steps_per_s"]
+    # no change to the loading can beat a loader that never makes the step wait: 1 / (1 - input-bound share),
+    # and never more than the measured data wait allows
+    cap = min(1.0 / max(1e-9, 1.0 - bound), 1.0 / max(1e-9, 1.0 - wait))
+    step_cpu = s.get("step_cpu")
+    cpus = loader["cpus_per_process"]
+    # CPUs the step wants (CPU time + waiting for a CPU), at most this process's: the run-queue part is what
+    # other processes (or our own workers) took from it; unknown (an older probe): taken to use no CPU
+    cores = 0.0
+    if step_cpu:
+        cores = min(float(cpus), step_cpu["wanted_cores"] if step_cpu.get("wanted_cores") is not None
+                    else step_cpu["cores"])
+    m = Model(s=s, has_gpu=has_gpu, cuda=s["idle_source"] in ("cuda", "cuda-events"), plan_workers=plan_workers,
+              T=T, c=T * (1.0 - bound), cap=cap, load_cap=cap, w_now=loader["num_workers"], cpus=cpus,
+              threads=loader.get("backend") == "threads", cores=cores, created=loader.get("created_at"),
+              samples=s["samples"])
+    s["predictions"] = []
+    samples = m.samples
+    if not samples:
+        return m
+    m.tb = s["images_per_step"] * samples["per_sample_ms"] / 1e3
+    m.share = share = samples["cpu_share"]
+    # the CPU a batch wants: its CPU time plus its wait for a CPU (as for the step's ``wanted_cores``). A
+    # sample that waited for a CPU does not run faster in a second worker on the same CPUs: counted as
+    # free, that wait let 2 workers on 2 CPUs promise more than 2x (2.53x under Lightning, where the tiny
+    # step left the contended check below unarmed); only the blocked part (I/O, sleep) overlaps
+    m.tcpu = tcpu = m.tb * min(1.0, share + (samples.get("runqueue_share") or 0.0))
+    m.cap = min(cap, m.cpu_cap(m.tb))  # load_cap stays the perfect-loader bound, for changes that move work off
+    m.parts = parts = samples["parts"]
+    m.top = top = max(parts, key=parts.get)
+    m.details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
+    if step_cpu:
+        m.details.append(f"the step itself wants {cores:.1f} of {cpus} CPUs"
+                         + (" (its host side: Python, kernel launches)" if has_gpu else
+                            " (the model's compute on the CPU)"))
+    w_now, c, threads = m.w_now, m.c, m.threads
+    m.saturated = w_now > 0 and tcpu / cpus >= 0.9 * c
+    if threads:
+        # loader threads are not worker processes: they share the GIL with each other and with the training
+        # loop (the Python-level part of a sample, e.g. transforms, runs one thread at a time; only C code that
+        # releases the GIL, such as decode, overlaps) and this process's CPUs. The worker model would treat
+        # them as processes and promise gains that cannot happen, so no thread-count gain is predicted.
+        m.details.append(f"backend='threads': {w_now} loader threads share the GIL and this process's {cpus} CPUs "
+                         "with the training loop; the worker model is for processes, so no gain is predicted for "
+                         "a thread count (A/B it: fastload recipe run, or profile backend='processes')")
+    util = loader["worker_cpu_util_mean"]
+    if w_now and util is not None:
+        m.details.insert(0, f"workers are {'CPU-saturated' if m.saturated else 'not CPU-bound'} "
+                            f"({w_now} workers on {cpus} usable CPUs, {util:.0%} CPU each)")
+    rq = samples.get("runqueue_share")
+    starved = rq is not None and rq >= 0.25
+    m.step_rq = step_rq = (step_cpu or {}).get("runqueue_share") or 0.0
+    # other processes take the CPUs a CPU-heavy step wants: what workers would do there is not predictable
+    # (the scheduler shares by thread; on the team's loaded 2-CPU machine they measured 0.73-1.04x)
+    m.contended = (starved or step_rq >= 0.25) and cores >= 0.75 and not threads
+    if starved or step_rq >= 0.25:
+        m.details.append(f"{'samples' if starved else 'the step'} waited for a CPU "
+                         f"{rq if starved else step_rq:.0%} of the time: the machine is oversubscribed, and the "
+                         "predictions, which take the CPUs as this process's, are rough here (check with "
+                         "--verify-fix)")
+    m.io_bound = not starved and samples.get("blocked_share", 1.0 - share) >= 0.5
+    # workers beyond the plan only where samples mostly block (I/O, sleep): they overlap the waiting
+    top_n = min(4 * cpus, max(plan_workers, math.ceil(m.tb / c - 1e-9))) if m.io_bound else plan_workers
+    # the measured step is the reference for the current worker count (the model would only add its error)
+    m.ratio = ratio = ({w_now: 1.0} if threads else
+                       {n: (1.0 if n == w_now else min(m.cap, T / m.step_time(n)))
+                        for n in range(0, max(top_n, w_now) + 1)})
+    s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
+                         "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers",
+                         **({"bound": True} if m.shares_step_cpus(n) else {})}
+                        for n, g in sorted(ratio.items(), key=lambda kv: kv[0] != plan_workers)
+                        if n != w_now]  # the plan's count first: the one a user would try
+    # within 2% of the best: the plan's count ("auto", which leaves its headroom), else the fewest (more
+    # would only take CPUs from the step)
+    m.best_gain = max(ratio.values())
+    near = [n for n, g in ratio.items() if g >= m.best_gain / 1.02]
+    m.best = plan_workers if plan_workers in near else min(near)
+    m.floats = samples["float_transform_share"]
+    return m
+
+
+def cpu_bound_verdict(m: Model) -> str | None:
+    """"CPU-contended" or "CPU-bound training" where more workers cannot be promised a gain, else None."""
+    if not m.samples:
+        return None
+    best, w_now, ratio = m.best, m.w_now, m.ratio
+    if m.contended and (best > w_now or m.best_gain < 1.05):
+        shown = best if best > w_now else max(w_now + 1, m.plan_workers)
+        return (f"CPU-contended training: loading, compute and other processes share {m.cpus} CPUs (the step wants "
+                f"{m.cores:.1f}, its threads waited for a CPU {m.step_rq:.0%} of the time); more workers cannot be "
+                f"promised a gain (the model, which takes the CPUs as this process's, says "
+                f"{ratio.get(shown, min(m.cap, m.T / m.step_time(shown))):.2f}x for num_workers={shown}: check with "
+                "--verify-fix)")
+    if best != w_now and ratio[best] >= 1.05:
+        return None
+    if m.cores >= 0.75 and m.best_gain < 1.05 and not m.threads:
+        tried = max(w_now + 1, m.plan_workers)
+        return (f"CPU-bound training: loading and compute share {m.cpus} CPUs (the step wants {m.cores:.1f}, "
+                f"loading needs {m.tcpu / m.T:.1f}); more workers cannot help "
+                f"(num_workers={tried}: predicted {ratio.get(tried, min(m.cap, m.T / m.step_time(tried))):.2f}x)")
+    return None
+
+
+def storage_bound(m: Model) -> bool:
+    return bool(m.samples) and m.parts.get("download", 0.0) >= STORAGE_BOUND and m.top == "download"
+
+
+# ---- the rules: one function each, in the order their advice is listed before ranking (a tie keeps it) ----
+
+def rule_workers(m: Model) -> list[Recommendation]:
+    """More (or fewer) DataLoader workers, when the model predicts at least 5% for the best count."""
+    if not m.samples or (m.contended and (m.best > m.w_now or m.best_gain < 1.05)):
+        return []
+    best, w_now, s = m.best, m.w_now, m.s
+    if best == w_now or m.ratio[best] < 1.05:
+        return []
+    value = _workers_value(best, m.plan_workers)
+    change = f'num_workers="auto" (-> {best})' if value == "auto" else f"num_workers={best}"
+    if best < w_now:
+        why = (f"the step wants {m.cores:.1f} of {m.cpus} CPUs; {w_now} workers take CPUs it needs: "
+               f"{best} predicted faster")
+    elif w_now == 0:
+        why = (f"the loader runs in the training process: each step waits for {s['images_per_step']:.0f} "
+               f"samples of {m.samples['per_sample_ms']:.1f} ms")
+    else:
+        why = (f"{w_now} workers deliver a batch every {m.tb / w_now * 1e3:.0f} ms; the step needs one every "
+               f"{m.c * 1e3:.0f} ms")
+    if m.io_bound and best > m.cpus:
+        why += (f"; samples spend {m.samples.get('blocked_share', 1 - m.share):.0%} of their time blocked "
+                f"(I/O, sleep), so workers beyond the {m.cpus} CPUs overlap the waiting")
+    if m.shares_step_cpus(best):
+        why += (f"; an upper bound: the step's {m.cores:.1f} threads would share CPUs with busy workers, and "
+                "a multi-threaded step then waits for its threads at every parallel region (check with "
+                f"--verify-fix); torch.set_num_threads({max(1, m.cpus - best)}) in the script keeps the step "
+                "off the workers' CPUs")
+    return [Recommendation(change=change, stage="workers", why=why, expected_gain=m.ratio[best],
+                           apply={"num_workers": best}, bound=m.shares_step_cpus(best),
+                           code=_code(m.created, {"num_workers": value}))]
+
+
+def rule_storage(m: Model) -> list[Recommendation]:
+    """A store in object storage whose samples mostly wait for shard downloads: cache, prefetch, shard size."""
+    if not storage_bound(m):
+        return []
+    warm = m.gain(m.tb * (1 - m.parts["download"]), m.tcpu, m.n_after)
+    return [Recommendation(**r) for r in _storage_recs(m.s, warm)]
+
+
+def _store_applies(m: Model) -> bool:
+    folder = m.s["loader"].get("image_folder") or {}
+    return bool(m.samples) and bool(folder.get("root")) and m.s["loader"].get("dataset") not in FASTLOAD_DATASETS \
+        and m.parts.get("decode", 0.0) + m.parts.get("transform", 0.0) >= STORE_DOMINANT
+
+
+def rule_store(m: Model) -> list[Recommendation]:
+    """A torchvision ImageFolder whose decode and transforms dominate: the store + uint8 presets."""
+    if not _store_applies(m):
+        return []
+    rec = _store_rec(m.s, m.s["loader"]["image_folder"], tb=m.tb, tcpu=m.tcpu, c=m.c, cores=m.cores, cpus=m.cpus,
+                     w_now=m.w_now, plan_workers=m.plan_workers, cap=m.load_cap, has_gpu=m.has_gpu, cuda=m.cuda,
+                     threads=m.threads)
+    return [Recommendation(**rec)]
+
+
+def rule_lmdb(m: Model) -> list[Recommendation]:
+    """Small files opened and read per sample (and no store advice already): convert to a store."""
+    if not m.samples or m.parts["read"] < 0.15 or m.s["loader"].get("dataset") in FASTLOAD_DATASETS \
+            or _store_applies(m):
+        return []
+    read = m.parts["read"]
+    return [Recommendation(change="fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)", stage="lmdb",
+                           why=f"{read:.0%} of sample time is opening and reading small files",
+                           expected_gain=m.gain(m.tb * (1 - read), m.tcpu * (1 - read), m.n_after),
+                           code=store_snippet(m.created))]
+
+
+def _uint8_variants(m: Model) -> None:
+    """``s["uint8_presets"]``: the uint8 presets alone at today's worker count, as --verify-fix applies them:
+    normalised on the device (free there), or, without CUDA in the process, in the training process after
+    each batch, taken to cost what ToTensor/Normalize cost in the samples (UINT8_ASSUMPTION), relative to the
+    model's own step at today's count, so that its error there cancels: the same work moved within one
+    process is 1.0x, not the model's error."""
+    floats, tb, tcpu, w_now = m.floats, m.tb, m.tcpu, m.w_now
+    tb_u8, tcpu_u8 = tb * (1 - floats), tcpu * (1 - floats)
+    moved = tb * floats
+    host = device = None
+    if m.threads:
+        device = m.gain(tb_u8, tcpu_u8, (w_now,)) if m.has_gpu else None  # a bound only (no thread model)
+    else:
+        now = m.step_time(w_now)
+        t_host = predict_step(w_now, c=m.c + moved, tb=tb_u8, tcpu=tcpu_u8, cpus=m.cpus,
+                              step_cores=(m.c * m.cores + moved) / (m.c + moved))
+        host = min(m.load_cap, m.cpu_cap(tb_u8), now / t_host)
+        if m.has_gpu:
+            device = min(m.load_cap, m.cpu_cap(tb_u8), now / m.step_time(w_now, tb_u8, tcpu_u8))
+    m.s["uint8_presets"] = {"float_transform_share": floats, "main process": host, "device": device}
+
+
+def rule_uint8(m: Model) -> list[Recommendation]:
+    """ToTensor/Normalize on the CPU: the uint8 presets, normalised on the device."""
+    if not m.samples:
+        return []
+    floats = m.floats
+    if floats > 0:
+        _uint8_variants(m)
+    if floats < 0.10:
+        return []
+    s, has_gpu = m.s, m.has_gpu
+    rec = Recommendation(change=UINT8_CHANGE, stage="fast",
+                         why=f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
+                             "4x the bytes through worker queues)"
+                             + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
+                         expected_gain=1.0, code=uint8_snippet(m.created))
+    # one prediction per run: the figure is the presets alone at today's worker count (what --verify-fix
+    # applies), normalised on the device where there is one, else in the training process; where the
+    # rerun would normalise elsewhere (a GPU this script does not use) that figure is said here too
+    u = s.get("uint8_presets") or {}
+    variant = u.get("device") if has_gpu else u.get("main process")
+    rec.expected_gain = variant if variant is not None else m.gain(
+        m.tb * (1 - floats), m.tcpu * (1 - floats), m.n_after) if has_gpu else 1.0
+    if has_gpu and not m.cuda and u.get("main process") is not None:
+        rec.verify_part = "normalising in the training process (this script used no CUDA)"
+        rec.why += (f"; --verify-fix normalises in the training process, as this script uses no CUDA: "
+                    f"predicted {u['main process']:.2f}x for that")
+    if s["loader"].get("dataset") in FOLDER_DATASETS:  # --verify-fix can swap it in (_uint8.py)
+        rec.apply, rec.verify_gain = {"uint8_presets": True}, s["uint8_presets"]
+    return [rec]
+
+
+def rule_dali_gpu(m: Model) -> list[Recommendation]:
+    """Saturated CPUs decoding JPEGs, with a GPU: decode on the GPU."""
+    if not (m.samples and m.has_gpu and m.saturated and m.parts["decode"] >= 0.25):
+        return []
+    cut = m.parts["decode"] + m.floats
+    return [Recommendation(change='DALILoader(device="gpu") (nvJPEG decode on the GPU)', stage="dali-gpu",
+                           why=f"the CPUs are saturated and {m.parts['decode']:.0%} of sample time is JPEG decode",
+                           expected_gain=m.gain(m.tb * (1 - cut), m.tcpu * (1 - cut), m.n_after),
+                           code="from fastload.dali import DALILoader\n"
+                                "loader = DALILoader(\"store.lmdb\", batch_size=..., device=\"gpu\")")]
+
+
+def rule_pin_memory(m: Model) -> list[Recommendation]:
+    """Host-to-device copies from pageable memory in the GPU timeline: pinned batches."""
+    s = m.s
+    if not (m.has_gpu and s["loader"]["pinned"] is False and s.get("kineto") and s["kineto"].get("htod_copy_fraction")):
+        return []
+    h = s["kineto"]["htod_copy_fraction"]
+    return [Recommendation(change="pin_memory=True (and .to(device, non_blocking=True))", stage="workers",
+                           why=f"host-to-device copies from pageable memory took {h:.0%} of the window",
+                           expected_gain=min(m.cap, 1.0 / (1.0 - h)), apply={"pin_memory": True},
+                           code=_code(m.created, {"pin_memory": True}))]
+
+
+#: Every rule of an input-bound run, in listing order: a new recommendation is one function here and one test.
+RULES: list[Callable[[Model], list[Recommendation]]] = [
+    rule_workers, rule_storage, rule_store, rule_lmdb, rule_uint8, rule_dali_gpu, rule_pin_memory]
+
+
 def _recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[str, list[dict[str, Any]]]:
     """``recommend`` on the summary as measured (no correction for other processes' load)."""
     wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
@@ -237,256 +592,57 @@ def _recommend(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> tuple[
              f"the training loop waited for data {wait:.0%} of measured time (host clocks"
              + ("; no CUDA timeline: the GPU is idle at least while the step waits)" if has_gpu else
                 "; no GPU: the step computes on the same CPUs as the loading)"))
-    recs: list[dict[str, Any]] = []
-    s["predictions"] = []
-    loader = s["loader"]
-    created = loader.get("created_at")
     if bound < INPUT_BOUND:
+        s["predictions"] = []
+        recs: list[Recommendation] = []
         host_idle = idle - bound if cuda else 0.0
         if host_idle >= 0.15:
-            recs.append({"change": "remove host sync points in the step (loss.item(), .cpu(), printing every step); "
-                         "then CUDA graphs or torch.compile for launch overhead", "stage": None,
-                         "why": f"the GPU was idle {host_idle:.0%} of the time while the host was NOT waiting for data",
-                         "expected_gain": 1.0 / (1.0 - host_idle)})
-        recs.append({"change": "none on the loading side", "stage": None, "expected_gain": 1.0 / (1.0 - bound),
-                     "why": f"compute-bound: faster loading will not help: only {bound:.0%} of the step was spent "
-                            "waiting for data"})
+            recs.append(Recommendation(
+                change="remove host sync points in the step (loss.item(), .cpu(), printing every step); "
+                       "then CUDA graphs or torch.compile for launch overhead", stage=None,
+                why=f"the GPU was idle {host_idle:.0%} of the time while the host was NOT waiting for data",
+                expected_gain=1.0 / (1.0 - host_idle)))
+        recs.append(Recommendation(change="none on the loading side", stage=None, expected_gain=1.0 / (1.0 - bound),
+                                   why=f"compute-bound: faster loading will not help: only {bound:.0%} of the step "
+                                       "was spent waiting for data"))
         kind = "host-bound" if host_idle >= 0.15 else "compute-bound"
-        return f"{kind}: {where}; faster loading will not help", recs
+        return f"{kind}: {where}; faster loading will not help", [r.to_dict() for r in recs]
 
-    samples = s["samples"]
-    T = 1.0 / s["steps_per_s"]
-    # no change to the loading can beat a loader that never makes the step wait: 1 / (1 - input-bound share),
-    # and never more than the measured data wait allows
-    cap = min(1.0 / max(1e-9, 1.0 - bound), 1.0 / max(1e-9, 1.0 - wait))
-    c = T * (1.0 - bound)
-    w_now, cpus = loader["num_workers"], loader["cpus_per_process"]
-    threads = loader.get("backend") == "threads"
-    step_cpu = s.get("step_cpu")
-    # CPUs the step wants (CPU time + waiting for a CPU), at most this process's: the run-queue part is what
-    # other processes (or our own workers) took from it; unknown (an older probe): taken to use no CPU
-    cores = 0.0
-    if step_cpu:
-        cores = min(float(cpus), step_cpu["wanted_cores"] if step_cpu.get("wanted_cores") is not None
-                    else step_cpu["cores"])
-    details = []
-    cpu_bound_verdict = storage_verdict = None
-    if samples:
-        tb = s["images_per_step"] * samples["per_sample_ms"] / 1e3
-        share = samples["cpu_share"]
-        # the CPU a batch wants: its CPU time plus its wait for a CPU (as for the step's ``wanted_cores``). A
-        # sample that waited for a CPU does not run faster in a second worker on the same CPUs: counted as
-        # free, that wait let 2 workers on 2 CPUs promise more than 2x (2.53x under Lightning, where the tiny
-        # step left the contended check below unarmed); only the blocked part (I/O, sleep) overlaps
-        tcpu = tb * min(1.0, share + (samples.get("runqueue_share") or 0.0))
-        def cpu_cap(tb_new: float) -> float:
-            """Nor faster than this process's CPUs can do the loading's own CPU time (images/s <= CPUs / CPU
-            seconds per image), after a change that leaves ``tb_new`` of the batch's loading time."""
-            return T * cpus / (tb_new * share) if tb_new * share > 0 else math.inf
-
-        load_cap = cap  # the perfect-loader bound, for changes that move loading work off this process's CPUs
-        cap = min(cap, cpu_cap(tb))
-        parts = samples["parts"]
-        top = max(parts, key=parts.get)
-        details.append(f"{parts[top]:.0%} of each sample's time is {PARTS[top]}")
-        if step_cpu:
-            details.append(f"the step itself wants {cores:.1f} of {cpus} CPUs"
-                           + (" (its host side: Python, kernel launches)" if has_gpu else
-                              " (the model's compute on the CPU)"))
-
-        def step_time(n: int, tb_new: float = tb, tcpu_new: float = tcpu) -> float:
-            return predict_step(n, c=c, tb=tb_new, tcpu=tcpu_new, cpus=cpus, step_cores=cores)
-
-        def gain(tb_new: float, tcpu_new: float, candidates: tuple[int, ...]) -> float:
-            bound_new = min(load_cap, cpu_cap(tb_new))
-            if threads:  # no thread model (see below): only the bound that removing that part of the sample allows
-                return min(bound_new, tb / max(1e-12, tb_new))
-            return min(bound_new, T / min(step_time(n, tb_new, tcpu_new) for n in candidates))
-
-        saturated = w_now > 0 and tcpu / cpus >= 0.9 * c
-        if threads:
-            # loader threads are not worker processes: they share the GIL with each other and with the training
-            # loop (the Python-level part of a sample, e.g. transforms, runs one thread at a time; only C code that
-            # releases the GIL, such as decode, overlaps) and this process's CPUs. The worker model would treat
-            # them as processes and promise gains that cannot happen, so no thread-count gain is predicted.
-            details.append(f"backend='threads': {w_now} loader threads share the GIL and this process's {cpus} CPUs "
-                           "with the training loop; the worker model is for processes, so no gain is predicted for "
-                           "a thread count (A/B it: fastload recipe run, or profile backend='processes')")
-        util = loader["worker_cpu_util_mean"]
-        if w_now and util is not None:
-            details.insert(0, f"workers are {'CPU-saturated' if saturated else 'not CPU-bound'} "
-                              f"({w_now} workers on {cpus} usable CPUs, {util:.0%} CPU each)")
-        rq = samples.get("runqueue_share")
-        starved = rq is not None and rq >= 0.25
-        step_rq = (step_cpu or {}).get("runqueue_share") or 0.0
-        # other processes take the CPUs a CPU-heavy step wants: what workers would do there is not predictable
-        # (the scheduler shares by thread; on the team's loaded 2-CPU machine they measured 0.73-1.04x)
-        contended = (starved or step_rq >= 0.25) and cores >= 0.75 and not threads
-        if starved or step_rq >= 0.25:
-            details.append(f"{'samples' if starved else 'the step'} waited for a CPU "
-                           f"{rq if starved else step_rq:.0%} of the time: the machine is oversubscribed, and the "
-                           "predictions, which take the CPUs as this process's, are rough here (check with "
-                           "--verify-fix)")
-        io_bound = not starved and samples.get("blocked_share", 1.0 - share) >= 0.5
-        # workers beyond the plan only where samples mostly block (I/O, sleep): they overlap the waiting
-        top_n = min(4 * cpus, max(plan_workers, math.ceil(tb / c - 1e-9))) if io_bound else plan_workers
-        # the measured step is the reference for the current worker count (the model would only add its error)
-        ratio = ({w_now: 1.0} if threads else
-                 {n: (1.0 if n == w_now else min(cap, T / step_time(n))) for n in range(0, max(top_n, w_now) + 1)})
-        # a multi-threaded step whose CPUs busy workers would share: its threads wait for each other at every
-        # parallel region while a worker holds one of their CPUs, which costs more than the pace-of-the-slowest
-        # term above (measured on a quiet 2-CPU machine: a 17 ms 2-thread step ran 3x longer beside 2 busy
-        # workers, and 2 workers gave 1.29x where the model said 1.73x; docs/profile-advice.md). How much more
-        # depends on how many parallel regions a step has, which the profile does not see: such a worker
-        # count's figure is an upper bound, not a prediction
-        def shares_step_cpus(n: int) -> bool:
-            return n > 0 and cores >= 1.2 and cores + min(n, tcpu * ratio[n] / T) > cpus + 0.05
-        s["predictions"] = [{"change": f"num_workers={_workers_value(n, plan_workers)!r}".replace("'", '"'),
-                             "apply": {"num_workers": n}, "expected_gain": g, "stage": "workers",
-                             **({"bound": True} if shares_step_cpus(n) else {})}
-                            for n, g in sorted(ratio.items(), key=lambda kv: kv[0] != plan_workers)
-                            if n != w_now]  # the plan's count first: the one a user would try
-        # within 2% of the best: the plan's count ("auto", which leaves its headroom), else the fewest (more
-        # would only take CPUs from the step)
-        best_gain = max(ratio.values())
-        near = [n for n, g in ratio.items() if g >= best_gain / 1.02]
-        best = plan_workers if plan_workers in near else min(near)
-        if contended and (best > w_now or best_gain < 1.05):
-            shown = best if best > w_now else max(w_now + 1, plan_workers)
-            cpu_bound_verdict = (
-                f"CPU-contended training: loading, compute and other processes share {cpus} CPUs (the step wants "
-                f"{cores:.1f}, its threads waited for a CPU {step_rq:.0%} of the time); more workers cannot be "
-                f"promised a gain (the model, which takes the CPUs as this process's, says "
-                f"{ratio.get(shown, min(cap, T / step_time(shown))):.2f}x for num_workers={shown}: check with "
-                "--verify-fix)")
-        elif best != w_now and ratio[best] >= 1.05:
-            value = _workers_value(best, plan_workers)
-            change = f'num_workers="auto" (-> {best})' if value == "auto" else f"num_workers={best}"
-            if best < w_now:
-                why = (f"the step wants {cores:.1f} of {cpus} CPUs; {w_now} workers take CPUs it needs: "
-                       f"{best} predicted faster")
-            elif w_now == 0:
-                why = (f"the loader runs in the training process: each step waits for {s['images_per_step']:.0f} "
-                       f"samples of {samples['per_sample_ms']:.1f} ms")
-            else:
-                why = (f"{w_now} workers deliver a batch every {tb / w_now * 1e3:.0f} ms; the step needs one every "
-                       f"{c * 1e3:.0f} ms")
-            if io_bound and best > cpus:
-                why += (f"; samples spend {samples.get('blocked_share', 1 - share):.0%} of their time blocked "
-                        f"(I/O, sleep), so workers beyond the {cpus} CPUs overlap the waiting")
-            if shares_step_cpus(best):
-                why += (f"; an upper bound: the step's {cores:.1f} threads would share CPUs with busy workers, and "
-                        "a multi-threaded step then waits for its threads at every parallel region (check with "
-                        f"--verify-fix); torch.set_num_threads({max(1, cpus - best)}) in the script keeps the step "
-                        "off the workers' CPUs")
-            recs.append({"change": change, "stage": "workers", "why": why, "expected_gain": ratio[best],
-                         "apply": {"num_workers": best}, **({"bound": True} if shares_step_cpus(best) else {}),
-                         "code": _code(created, {"num_workers": value})})
-        elif cores >= 0.75 and best_gain < 1.05 and not threads:
-            tried = max(w_now + 1, plan_workers)
-            cpu_bound_verdict = (
-                f"CPU-bound training: loading and compute share {cpus} CPUs (the step wants {cores:.1f}, "
-                f"loading needs {tcpu / T:.1f}); more workers cannot help "
-                f"(num_workers={tried}: predicted {ratio.get(tried, min(cap, T / step_time(tried))):.2f}x)")
-        n_after = (w_now, best)
-        if parts.get("download", 0.0) >= STORAGE_BOUND and top == "download":
-            storage_verdict = (f"storage-bound: the loop waited for shard downloads "
-                               f"{s.get('download_wait_fraction', bound * parts['download']):.0%} of the time")
-            recs.extend(_storage_recs(s, gain(tb * (1 - parts["download"]), tcpu, n_after)))
-        folder = loader.get("image_folder") or {}
-        store_rec = None
-        if (folder.get("root") and loader.get("dataset") not in FASTLOAD_DATASETS
-                and parts.get("decode", 0.0) + parts.get("transform", 0.0) >= STORE_DOMINANT):
-            store_rec = _store_rec(s, folder, tb=tb, tcpu=tcpu, c=c, cores=cores, cpus=cpus, w_now=w_now,
-                                   plan_workers=plan_workers, cap=load_cap, has_gpu=has_gpu, cuda=cuda,
-                                   threads=threads)
-            recs.append(store_rec)
-        if parts["read"] >= 0.15 and loader.get("dataset") not in FASTLOAD_DATASETS and store_rec is None:
-            recs.append({"change": "fastload convert DIR store.lmdb, then LMDBImageDataset(store.lmdb)",
-                         "stage": "lmdb",
-                         "why": f"{parts['read']:.0%} of sample time is opening and reading small files",
-                         "expected_gain": gain(tb * (1 - parts["read"]), tcpu * (1 - parts["read"]), n_after),
-                         "code": store_snippet(created)})
-        floats = samples["float_transform_share"]
-        tb_u8, tcpu_u8 = tb * (1 - floats), tcpu * (1 - floats)
-        if floats > 0:
-            # the uint8 presets alone at today's worker count, as --verify-fix applies them: normalised on the
-            # device (free there), or, without CUDA in the process, in the training process after each batch,
-            # taken to cost what ToTensor/Normalize cost in the samples (UINT8_ASSUMPTION)
-            # (relative to the model's own step at today's count, so that its error there cancels: the same work
-            # moved within one process is 1.0x, not the model's error)
-            moved = tb * floats
-            host = device = None
-            if threads:
-                device = gain(tb_u8, tcpu_u8, (w_now,)) if has_gpu else None  # a bound only (no thread model)
-            else:
-                now = step_time(w_now)
-                t_host = predict_step(w_now, c=c + moved, tb=tb_u8, tcpu=tcpu_u8, cpus=cpus,
-                                      step_cores=(c * cores + moved) / (c + moved))
-                host = min(load_cap, cpu_cap(tb_u8), now / t_host)
-                if has_gpu:
-                    device = min(load_cap, cpu_cap(tb_u8), now / step_time(w_now, tb_u8, tcpu_u8))
-            s["uint8_presets"] = {"float_transform_share": floats, "main process": host, "device": device}
-        if floats >= 0.10:
-            rec = {"change": UINT8_CHANGE, "stage": "fast",
-                   "why": f"{floats:.0%} of sample time is ToTensor/Normalize (float conversion on the CPU, "
-                          "4x the bytes through worker queues)"
-                          + ("" if has_gpu else "; without a GPU the normalising moves to the step's CPUs"),
-                   "expected_gain": 1.0, "code": uint8_snippet(created)}
-            # one prediction per run: the figure is the presets alone at today's worker count (what --verify-fix
-            # applies), normalised on the device where there is one, else in the training process; where the
-            # rerun would normalise elsewhere (a GPU this script does not use) that figure is said here too
-            u = s.get("uint8_presets") or {}
-            variant = u.get("device") if has_gpu else u.get("main process")
-            rec["expected_gain"] = variant if variant is not None else gain(tb_u8, tcpu_u8, n_after) if has_gpu else 1.0
-            if has_gpu and not cuda and u.get("main process") is not None:
-                rec["verify_part"] = "normalising in the training process (this script used no CUDA)"
-                rec["why"] += (f"; --verify-fix normalises in the training process, as this script uses no CUDA: "
-                               f"predicted {u['main process']:.2f}x for that")
-            if loader.get("dataset") in FOLDER_DATASETS:  # --verify-fix can swap it in (_uint8.py)
-                rec.update(apply={"uint8_presets": True}, verify_gain=s["uint8_presets"])
-            recs.append(rec)
-        if has_gpu and saturated and parts["decode"] >= 0.25:
-            cut = parts["decode"] + floats
-            recs.append({"change": 'DALILoader(device="gpu") (nvJPEG decode on the GPU)', "stage": "dali-gpu",
-                         "why": f"the CPUs are saturated and {parts['decode']:.0%} of sample time is JPEG decode",
-                         "expected_gain": gain(tb * (1 - cut), tcpu * (1 - cut), n_after),
-                         "code": "from fastload.dali import DALILoader\n"
-                                 "loader = DALILoader(\"store.lmdb\", batch_size=..., device=\"gpu\")"})
-    if has_gpu and loader["pinned"] is False and s.get("kineto") and s["kineto"].get("htod_copy_fraction"):
-        h = s["kineto"]["htod_copy_fraction"]
-        recs.append({"change": "pin_memory=True (and .to(device, non_blocking=True))", "stage": "workers",
-                     "why": f"host-to-device copies from pageable memory took {h:.0%} of the window",
-                     "expected_gain": min(cap, 1.0 / (1.0 - h)), "apply": {"pin_memory": True},
-                     "code": _code(created, {"pin_memory": True})})
-    if storage_verdict:  # the samples wait for the link: no CPU verdict (waiting takes no CPU) overrides that
-        cpu_bound_verdict = None
-    if threads:
+    m = _model(s, plan_workers=plan_workers, has_gpu=has_gpu)
+    recs = [r for rule in RULES for r in rule(m)]
+    cpu_verdict = cpu_bound_verdict(m)
+    storage_verdict = None
+    if storage_bound(m):
+        storage_verdict = (f"storage-bound: the loop waited for shard downloads "
+                           f"{s.get('download_wait_fraction', bound * m.parts['download']):.0%} of the time")
+        cpu_verdict = None  # the samples wait for the link: no CPU verdict (waiting takes no CPU) overrides that
+    if m.threads:
         for r in recs:
-            r["bound"] = True  # an upper bound, not a prediction (no thread model)
-    recs = [r for r in recs if r["expected_gain"] >= 1.02]  # a change predicted to gain nothing is no advice
-    if cpu_bound_verdict:
-        recs.append({"change": "none on the loading side: make the step cheaper (smaller model or batch, "
-                               "torch.compile), or train on a GPU", "stage": None, "expected_gain": 1.0,
-                     "why": cpu_bound_verdict.split(": ", 1)[1]})
+            r.bound = True  # an upper bound, not a prediction (no thread model)
+    recs = [r for r in recs if r.expected_gain >= 1.02]  # a change predicted to gain nothing is no advice
+    if cpu_verdict:
+        recs.append(Recommendation(change="none on the loading side: make the step cheaper (smaller model or batch, "
+                                          "torch.compile), or train on a GPU", stage=None, expected_gain=1.0,
+                                   why=cpu_verdict.split(": ", 1)[1]))
     elif not recs:
-        recs.append({"change": "A/B the loading stages on your data: fastload recipe run", "stage": None,
-                     "why": "input-bound, but no single part of the sample time stands out"
-                            + ("; the loading already uses every CPU this process has: only cheaper samples can "
-                               "help" if cap < 1.02 else ""),
-                     "expected_gain": cap, "bound": True})
-    recs.sort(key=lambda r: -r["expected_gain"])
+        recs.append(Recommendation(
+            change="A/B the loading stages on your data: fastload recipe run", stage=None,
+            why="input-bound, but no single part of the sample time stands out"
+                + ("; the loading already uses every CPU this process has: only cheaper samples can "
+                   "help" if m.cap < 1.02 else ""),
+            expected_gain=m.cap, bound=True))
+    recs.sort(key=lambda r: -r.expected_gain)
     # the store's lines include num_workers="auto": within 2% of the best (both at the same cap), it comes first
-    store = next((r for r in recs if r.get("stage") == "store"), None)
-    if store is not None and store["expected_gain"] >= recs[0]["expected_gain"] / 1.02:
+    store = next((r for r in recs if r.stage == "store"), None)
+    if store is not None and store.expected_gain >= recs[0].expected_gain / 1.02:
         recs.remove(store)
         recs.insert(0, store)
+    out = [r.to_dict() for r in recs]
     if storage_verdict:
-        return "; ".join([storage_verdict, where, *details]), recs
-    if cpu_bound_verdict:
-        return "; ".join([cpu_bound_verdict, where, *details]), recs
-    verdict = "input-bound: " + "; ".join([where, *details])
-    return verdict, recs
+        return "; ".join([storage_verdict, where, *m.details]), out
+    if cpu_verdict:
+        return "; ".join([cpu_verdict, where, *m.details]), out
+    return "input-bound: " + "; ".join([where, *m.details]), out
 
 
 def _store_rec(s: dict[str, Any], folder: dict[str, Any], *, tb: float, tcpu: float, c: float, cores: float,

@@ -5,7 +5,9 @@ each DataLoader worker's CPU time (``WorkerSampler``), the
 wrap of the dataset class's ``__getitem__`` (wall and CPU time per sample), the
 wraps of ``PIL.Image.open`` (read: opening the file and parsing its header),
 ``Image.load`` / ``Image.convert`` (decode) and torchvision's ``Compose.__call__``
-(transform, timed per transform so ToTensor/Normalize can be told apart), the time a
+(transform, timed per transform so ToTensor/Normalize can be told apart), the hook that
+times fastload's own marked work (``fastload.marks``: the store readers' ``get``, the decoders,
+the presets mark themselves ``@timed(part)``; nothing here names them), the time a
 sample was blocked on a shard download of a remote store (download: the growth of
 ``fastload.store.cache``'s ``wait_s`` counter during ``__getitem__``), and the
 ``samples-rank<R>-<pid>.json`` file each process writes. Every 8th sample also reads the
@@ -24,7 +26,8 @@ be lost); the training
 process writes its file at exit only, off the step.
 
 Must not: import torch, PIL or torchvision at module level, nor import PIL or torchvision
-at all (it wraps what the script imported).
+at all (it wraps what the script imported); patch fastload's own modules by name (a new
+preset or reader marks itself with ``fastload.marks.timed`` and is timed unchanged).
 """
 
 from __future__ import annotations
@@ -245,47 +248,32 @@ def _timed(fn, part: str):
     return _marked(inner, fn)
 
 
-def _timed_own(fn, part: str, name: str | None = None):
-    """``fn`` timed as ``part``, less the read/decode timed inside it (fastload's presets decode inside the
-    transform: ``from_bytes`` is decode + crop/resize/flip); ``name``: also counted per transform."""
-    if getattr(fn, "_fastload_profile", False):
-        return fn
+def _run_marked(mark, fn, args, kwargs):
+    """The hook of ``fastload.marks``: a marked call (``@timed(part)``) inside a sample, timed as ``mark.part``.
 
-    def inner(*args, **kwargs):
-        st = _state()
-        if not st.depth or st.region is not None:
-            return fn(*args, **kwargs)
-        before = sum(st.parts.values())
+    ``own`` (fastload's presets decode inside the transform: ``from_bytes`` is decode + crop/resize/flip):
+    less the marked work timed inside it; ``per_class``: also counted per transform, by the class name."""
+    st = _state()
+    if not st.depth or st.region is not None:
+        return fn(*args, **kwargs)
+    if not mark.own:
+        st.region = mark.part
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            own = max(0.0, time.perf_counter() - t0 - (sum(st.parts.values()) - before))
-            st.parts[part] += own
-            if name is not None:
-                st.transforms[name] = st.transforms.get(name, 0.0) + own
-
-    return _marked(inner, fn)
-
-
-def _patch_fastload() -> None:
-    """fastload's own dataset: the store read, its decoders (simplejpeg / Pillow), its preset transforms."""
-    reader = sys.modules.get("fastload.store.reader")
-    if reader is not None:
-        reader.StoreReader.get = _timed(reader.StoreReader.get, "read")
-    remote = sys.modules.get("fastload.store.remote_store")
-    if remote is not None:
-        remote.RemoteStoreReader.get = _timed(remote.RemoteStoreReader.get, "read")
-    dataset = sys.modules.get("fastload.load.dataset")
-    if dataset is not None:
-        dataset.decode_pil = _timed(dataset.decode_pil, "decode")
-    presets = sys.modules.get("fastload.load.transforms")
-    if presets is not None:
-        for fn in ("decode_rgb_fast", "decode_rgb_region"):  # called by name from the presets' module
-            setattr(presets, fn, _timed(getattr(presets, fn), "decode"))
-        for cls in (presets.TrainTransform, presets.EvalTransform):
-            cls.from_bytes = _timed_own(cls.from_bytes, "transform", cls.__name__)
-            cls.__call__ = _timed_own(cls.__call__, "transform", cls.__name__)
+            st.region = None
+            st.parts[mark.part] += time.perf_counter() - t0
+    before = sum(st.parts.values())
+    t0 = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        own = max(0.0, time.perf_counter() - t0 - (sum(st.parts.values()) - before))
+        st.parts[mark.part] += own
+        if mark.per_class and args:
+            name = type(args[0]).__name__
+            st.transforms[name] = st.transforms.get(name, 0.0) + own
 
 
 def _compose_call(original):
@@ -314,7 +302,7 @@ def _compose_call(original):
 
 
 def patch_libraries() -> None:
-    """Wrap PIL, torchvision.transforms and fastload's store and presets where imported (idempotent)."""
+    """Wrap PIL and torchvision.transforms where imported, and time fastload's marked work (idempotent)."""
     image = sys.modules.get("PIL.Image")
     if image is not None:
         image.open = _timed(image.open, "read")
@@ -329,7 +317,9 @@ def patch_libraries() -> None:
     transforms = sys.modules.get("torchvision.transforms.transforms")
     if transforms is not None:
         transforms.Compose.__call__ = _compose_call(transforms.Compose.__call__)
-    _patch_fastload()
+    from fastload import marks  # fastload's own work (store reads, decoders, presets) is marked where written
+
+    marks.instrument(_run_marked)
 
 
 class _WorkerInit:

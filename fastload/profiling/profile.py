@@ -24,7 +24,7 @@ profile`` are passed to that group (the script, its DataLoader workers, torchrun
 gets ``GRACE_S`` to end before it is killed; what was measured is then written all the same, and
 ``fastload profile`` exits with the command's status. ``--verify-fix`` reruns the command with the
 top change applied to the training loader from outside (``_probe.APPLICABLE``; the uint8 presets on a
-torchvision ImageFolder: ``_uint8.py``) and compares (``_profile_compare.py``) with the prediction for
+torchvision ImageFolder: ``_uint8.py``) and compares (``compare.py``) with the prediction for
 what the rerun applied (``_recommend.verify_prediction``). ``_MachineLoad`` measures what other processes
 took of the CPUs while the command ran, for the verdict on a shared machine; the store advice's preset is
 timed on the user's own files in this process after the run (``summarize_dir``).
@@ -381,7 +381,7 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
     When the rerun shows the change was not applied to the training loader, nothing is compared: a ratio
     between two runs of the same code is the machine's load changing, not the change.
     """
-    from fastload.profiling._profile_compare import compare_rounds
+    from fastload.profiling.compare import compare_rounds
 
     pick = _recommend.change_to_verify(summary, options.verify_change)
     if pick is None:

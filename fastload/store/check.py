@@ -1,7 +1,7 @@
 """Checking a store: ``inspect_store`` (what it holds) and ``verify_store`` (re-read everything).
 
 Owns: the tools a user runs on a finished store. ``verify_store`` re-reads every record in
-crash-isolated worker processes (``fastload._pool``: a decoder that segfaults on a record
+crash-isolated worker processes (``fastload.pool``: a decoder that segfaults on a record
 is reported against that record, the rest goes on), checks each record's crc32, and
 decodes it with every decoder asked for, comparing the pixels with the reference decode
 (Pillow) of the same bytes. Opening the store already checks the metadata (checksums,
@@ -261,7 +261,7 @@ def verify_store(path: str | os.PathLike[str], *, decode: bool = True, decoders:
     """
     from tqdm import tqdm
 
-    from fastload._pool import imap_isolated
+    from fastload.pool import imap_isolated
     from fastload.system import available_cpus
 
     unknown = [d for d in decoders if d not in DECODERS]

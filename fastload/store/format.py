@@ -58,6 +58,8 @@ FORMAT_VERSION = 2
 BUILD_KEY = b"~build"
 META_KEY = b"~meta"
 CHUNK_PREFIX = b"~chunk/"
+#: The writer lock beside a store being written (its text: who holds it).
+LOCK_NAME = ".fastload-writer.lock"
 META_ARRAYS = ("labels", "crc32", "encoding", "stored_as")
 PATHS_KEY = b"~meta/paths"
 META_CHECK_KEY = b"~meta-check"

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from fastload.errors import ChecksumError, IncompleteStoreError, NotAStoreError, StoreChangedError
+from fastload.marks import timed
 from fastload.store import format as fmt
 from fastload.store.manifest import MANIFEST_NAME, PLAN_NAME
 from fastload.store.remote import is_remote
@@ -105,6 +106,48 @@ def open_resolved(key: str):
     if hit is not None and hit[0] == os.getpid():
         return hit[1]
     return open_readonly(key)
+
+
+def lock_holder(path: Path) -> str | None:
+    """Who is writing the store at ``path`` now ("pid N on HOST, since ..."), or None when no
+    live conversion holds its writer lock.
+
+    Read without taking the lock (a reader must never make a writer starting at that moment
+    fail): on Linux ``/proc/locks`` lists every held ``flock`` with its inode; elsewhere the
+    pid the lock file names is looked up when it names this host.
+    """
+    import re
+    import socket
+
+    lock = Path(path) / fmt.LOCK_NAME
+    try:
+        ino = os.stat(lock).st_ino
+        owner = lock.read_text("utf-8", "replace").strip()
+    except OSError:
+        return None
+    if not owner:
+        return None  # emptied when its writer closed cleanly
+    try:
+        held = Path("/proc/locks").read_text()
+    except OSError:
+        held = None
+    if held is not None:  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:56789 0 EOF" (waiters have "->")
+        for line in held.splitlines():
+            f = line.split()
+            # FLOCK, or POSIX where a file system (NFS) emulates flock with fcntl locks
+            if len(f) >= 6 and f[1] in ("FLOCK", "POSIX") and f[3] == "WRITE" and f[5].rsplit(":", 1)[-1] == str(ino):
+                return owner
+        return None
+    m = re.match(r"pid (\d+) on (\S+),", owner)
+    if m is None or m.group(2) != socket.gethostname():
+        return None
+    try:
+        os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return owner
 
 
 def release(path: str | os.PathLike[str]) -> None:
@@ -223,8 +266,6 @@ def read_meta(env, path: Path) -> fmt.StoreMeta:
                             done += fmt.ChunkRecord.from_bytes(v).stored
                         except (ValueError, TypeError):
                             raise fmt.damaged(path, "one of its chunk records is unreadable") from None
-                from fastload.store.writer import lock_holder
-
                 writer = lock_holder(path)
                 if writer is not None:
                     raise IncompleteStoreError(
@@ -311,6 +352,20 @@ class StoreReader:
     def __len__(self) -> int:
         return self.offsets[-1]
 
+    shard_ordered = False  #: ``readers.Reader``: random reads are cheap (the store is on this machine)
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in store order (one entry for a single store)."""
+        return [m.count for m in self.metas]
+
+    def sample_index(self) -> tuple[list[int], list[str]]:
+        """Every label and relative path (read with the metadata)."""
+        return self.labels.tolist(), self.paths
+
+    def prefetch_shards(self, shards: list[int]) -> None:
+        """Nothing to fetch: the shards are on this machine."""
+
     def _env(self, shard: int):
         hit = _ENVS.get(self._keys[shard])  # hot path: one dict lookup per read
         if hit is not None and hit[0] == os.getpid():
@@ -335,6 +390,7 @@ class StoreReader:
     def relpath(self, index: int) -> str:
         return self.paths[index]
 
+    @timed("read")
     def get(self, index: int, *, verify: bool | None = None) -> bytes:
         """The stored bytes of sample ``index``, checked against their crc32 (unless ``verify=False``).
 

@@ -26,7 +26,8 @@ DataLoader workers and the download child processes unchanged). obstore retries 
 ``download_file`` (the shard downloads) instead asks obstore for 2 s per request and tries again
 itself, on a new client, until the budget is spent (a body broken mid-way too): see ``_drop_store``.
 Reads (GET, HEAD, LIST: ``_store(reads=True)``) also give up on a connection the server accepted but
-sends nothing on for ``_STALL_S`` seconds (10: obstore's ``read_timeout``), and ask again on a new
+sends nothing on for the stall limit (``STALL_S``, 10 s: obstore's ``read_timeout``; from
+``FASTLOAD_REMOTE_STALL_S`` when set, as the budget), and ask again on a new
 one: without it such a request waits for the whole request timeout with no retry, as a request that
 connected while a restarted endpoint came back did. With the stall limit, a read's whole-request
 limit is lifted (a big shard on a slow link may stream for longer than 300 s). Writes have no
@@ -53,7 +54,8 @@ from fastload.errors import MissingDependencyError, RemoteStoreError
 
 __all__ = ["SCHEMES", "AWS_CREDENTIAL_VARS", "is_remote", "RemoteLocation", "get_bytes", "get_range", "open_reader",
            "put_bytes", "upload_file", "download_file", "head", "stat", "list_prefix", "list_objects", "listed_once",
-           "delete", "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config"]
+           "delete", "RETRY_BUDGET_S", "RETRY_ENV", "retry_budget", "retry_config", "STALL_S", "STALL_ENV",
+           "stall_limit"]
 
 #: URL schemes handled here (obstore's names); only s3:// is tested against a real server.
 SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
@@ -66,7 +68,27 @@ _SUPPORTED = ", ".join(f"{sch}://" for sch in SCHEMES)
 #: Seconds one operation keeps retrying transient failures before it raises (``FASTLOAD_REMOTE_RETRY_S``).
 RETRY_BUDGET_S = 30.0
 RETRY_ENV = "FASTLOAD_REMOTE_RETRY_S"
+#: Reads: seconds without a byte from the server before the request is given up and asked again (a request
+#: whose connection the server accepted and then never answered: a restarting endpoint, a hung server);
+#: ``FASTLOAD_REMOTE_STALL_S`` when set.
+STALL_S = 10.0
+STALL_ENV = "FASTLOAD_REMOTE_STALL_S"
 _BACKOFF = {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2), "base": 2.0}
+
+
+def _seconds(env: str, default: float, *, zero: bool) -> float:
+    """Seconds from the environment variable ``env`` when set, else ``default``; ``zero``: 0 is allowed."""
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):
+        raise ValueError(f"Unknown value {raw!r} for {env}. Valid values are a number of seconds "
+                         f"{'>= 0' if zero else '> 0'} (default {default:g}).")
+    return value
 
 
 def retry_budget() -> float:
@@ -75,17 +97,16 @@ def retry_budget() -> float:
     Raises:
         ValueError: the variable is not a number of seconds >= 0.
     """
-    raw = os.environ.get(RETRY_ENV, "").strip()
-    if not raw:
-        return RETRY_BUDGET_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"Unknown value {raw!r} for {RETRY_ENV}. Valid values are a number of seconds >= 0 "
-                         f"(default {RETRY_BUDGET_S:g}).")
-    return value
+    return _seconds(RETRY_ENV, RETRY_BUDGET_S, zero=True)
+
+
+def stall_limit() -> float:
+    """The reads' stall limit in seconds: ``FASTLOAD_REMOTE_STALL_S`` when set, else ``STALL_S``.
+
+    Raises:
+        ValueError: the variable is not a number of seconds > 0.
+    """
+    return _seconds(STALL_ENV, STALL_S, zero=False)
 
 
 def retry_config(budget: float) -> dict:
@@ -135,9 +156,6 @@ def _no_credentials(loc: RemoteLocation) -> RemoteStoreError | None:
 
 
 _CLIENT = {"connect_timeout": "5s", "timeout": "300s"}
-#: Reads: seconds without a byte from the server before the request is given up and asked again (a request
-#: whose connection the server accepted and then never answered: a restarting endpoint, a hung server).
-_STALL_S = 10
 #: Reads: the whole request's limit (a 1 GB shard at 2.5 MB/s takes 400 s: over the 300 s writes have).
 _READS_TIMEOUT = "24h"
 _MULTIPART = 16 << 20  # upload_file: parts of this size above it
@@ -215,7 +233,7 @@ class RemoteLocation:
 def _store(loc: RemoteLocation, attempt_s: float | None = None, *, reads: bool = False):
     """This process's client for one bucket (built on first use, from the environment); obstore retries
     each request for the retry budget, or for ``attempt_s`` at most (the caller then retries itself).
-    ``reads``: the client for GET, HEAD and LIST, which also gives up on a silent server (``_STALL_S``)."""
+    ``reads``: the client for GET, HEAD and LIST, which also gives up on a silent server (``stall_limit()``)."""
     # the environment is part of the key: credentials changed in this process take effect
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("AWS_", "GOOGLE_", "AZURE_"))))
     budget = retry_budget() if attempt_s is None else min(retry_budget(), attempt_s)
@@ -233,7 +251,7 @@ def _store(loc: RemoteLocation, attempt_s: float | None = None, *, reads: bool =
             from None
     client = dict(_CLIENT)
     if reads:  # a silent server is caught by the stall limit, so a body that keeps flowing may take its time
-        client.update(read_timeout=f"{_STALL_S}s", timeout=_READS_TIMEOUT)
+        client.update(read_timeout=f"{round(stall_limit() * 1000)}ms", timeout=_READS_TIMEOUT)
     if loc.scheme in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
         client["allow_http"] = True  # the user named a plain-http endpoint (a local MinIO or SeaweedFS)
     with _STORES_LOCK:

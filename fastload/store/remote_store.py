@@ -34,7 +34,9 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from fastload.datasets import cache_dir as fastload_cache_dir
 from fastload.errors import ChecksumError, ManifestError, RemoteStoreError, StoreDamagedError
+from fastload.marks import timed
 from fastload.store import format as fmt
 from fastload.store import remote
 from fastload.store.cache import ShardCache, ShardSpec
@@ -47,9 +49,9 @@ log = logging.getLogger("fastload")
 
 
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/fastload/shards`` (``~/.cache/fastload/shards``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fastload" / "shards"
+    """``shards`` in fastload's one cache folder (``datasets.cache_dir()``: ``$FASTLOAD_CACHE``, else
+    ``$XDG_CACHE_HOME/fastload`` or ``~/.cache/fastload``)."""
+    return fastload_cache_dir() / "shards"
 
 
 def _download(url: str, dest: Path) -> None:
@@ -139,6 +141,8 @@ class RemoteStoreReader:
         self.__dict__.update(state)
         self._samples = None
         self._reset()
+
+    shard_ordered = True  #: ``readers.Reader``: a shard is fetched whole before it is read
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -310,6 +314,7 @@ class RemoteStoreReader:
         shard, local = self.locate(index)
         return self._shard(shard)[1].paths[local]
 
+    @timed("read")
     def get(self, index: int, *, verify: bool | None = None) -> bytes:
         """The stored bytes of sample ``index``, checked against their crc32 (unless ``verify=False``).
 

@@ -64,7 +64,7 @@ def io_hint(exc: BaseException, path: Path) -> str:
     return "HINT: rerun the same command to resume once the cause is fixed."
 
 
-LOCK_NAME = ".fastload-writer.lock"
+LOCK_NAME = fmt.LOCK_NAME
 
 
 def _take_lock(path: Path) -> int:
@@ -99,48 +99,6 @@ def _take_lock(path: Path) -> int:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
               .encode(), 0)
     return fd
-
-
-def lock_holder(path: Path) -> str | None:
-    """Who is writing the store at ``path`` now ("pid N on HOST, since ..."), or None when no
-    live conversion holds its writer lock.
-
-    Read without taking the lock (a reader must never make a writer starting at that moment
-    fail): on Linux ``/proc/locks`` lists every held ``flock`` with its inode; elsewhere the
-    pid the lock file names is looked up when it names this host.
-    """
-    import re
-    import socket
-
-    lock = Path(path) / LOCK_NAME
-    try:
-        ino = os.stat(lock).st_ino
-        owner = lock.read_text("utf-8", "replace").strip()
-    except OSError:
-        return None
-    if not owner:
-        return None  # emptied when its writer closed cleanly
-    try:
-        held = Path("/proc/locks").read_text()
-    except OSError:
-        held = None
-    if held is not None:  # "1: FLOCK  ADVISORY  WRITE 1234 08:01:56789 0 EOF" (waiters have "->")
-        for line in held.splitlines():
-            f = line.split()
-            # FLOCK, or POSIX where a file system (NFS) emulates flock with fcntl locks
-            if len(f) >= 6 and f[1] in ("FLOCK", "POSIX") and f[3] == "WRITE" and f[5].rsplit(":", 1)[-1] == str(ino):
-                return owner
-        return None
-    m = re.match(r"pid (\d+) on (\S+),", owner)
-    if m is None or m.group(2) != socket.gethostname():
-        return None
-    try:
-        os.kill(int(m.group(1)), 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass
-    return owner
 
 
 @dataclass

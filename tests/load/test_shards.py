@@ -192,20 +192,11 @@ def batches_of(flat, b):
     return [flat[i:i + b] for i in range(0, len(flat), b)]
 
 
-def test_remote_like_dataset_gets_the_sampler_automatically(sharded_store):
-    class Remote(torch.utils.data.Dataset):  # what the loader looks at: remote, shard_sizes
-        remote = True
-
-        def __init__(self, inner):
-            self.inner, self.shard_sizes, self.targets = inner, inner.shard_sizes, inner.targets
-
-        def __len__(self):
-            return len(self.inner)
-
-        def __getitem__(self, i):
-            return self.inner[i]
-
-    ds = Remote(fastload.LMDBImageDataset(sharded_store, transform=fastload.eval_transform(size=32)))
+def test_a_reader_declaring_shard_order_gets_the_sampler_automatically(sharded_store):
+    """What the loader looks at is what the dataset's reader declares (``shard_ordered``, as the
+    remote reader does), not a flag on the dataset."""
+    ds = fastload.LMDBImageDataset(sharded_store, transform=fastload.eval_transform(size=32))
+    ds.reader.shard_ordered = True  # a local folder of shards read as a bucket's would be
     loader = fastload.DataLoader(ds, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(9))
     assert isinstance(loader.sampler, ShardSampler) and loader.sampler.seed == 9
     e0, e1 = batches(loader), batches(loader)

@@ -37,7 +37,7 @@ def test_same_bytes_labels_and_one_download_per_shard(store_url, local_shards, t
     local = fastload.LMDBImageDataset(local_shards)
     before = downloads()
     ds = fastload.LMDBImageDataset(store_url, cache_dir=tmp_path / "cache", cache_limit="1GB")
-    assert ds.remote and len(ds) == len(local) and ds.classes == local.classes
+    assert ds.reader.shard_ordered and len(ds) == len(local) and ds.classes == local.classes
     assert ds.shard_sizes == local.shard_sizes
     for i in range(len(ds)):
         assert ds.get_bytes(i) == local.get_bytes(i)
@@ -169,11 +169,11 @@ def test_a_download_connected_while_the_endpoint_hangs_gets_through_once_it_serv
         time.sleep(1)
         proxy.up()
         t_up = time.monotonic()
-        thread.join(remote._STALL_S + 15)
+        thread.join(remote.stall_limit() + 15)
         assert not thread.is_alive(), "the download still waits on a request the endpoint never answered"
         assert "error" not in out, repr(out.get("error"))
         assert out["bytes"] == fastload.LMDBImageDataset(local_shards).get_bytes(0)
-        assert time.monotonic() - t_up < remote._STALL_S + 5
+        assert time.monotonic() - t_up < remote.stall_limit() + 5
     finally:
         proxy.close()
 

@@ -86,7 +86,7 @@ def _reads_every_shard(server, ds, within: float = 60.0) -> bool:
     return True
 
 
-# The default budget. Before the reads' stall limit (remote._STALL_S) the outage was not ridden out with it
+# The default budget. Before the reads' stall limit (remote.stall_limit(), FASTLOAD_REMOTE_STALL_S) the outage was not ridden out with it
 # in 2 of ~8 runs beside two CPU burners and once in CI (a request that connected while the server came back
 # could wait out the 300 s request timeout); the test then used 60 s
 OUTAGE_BUDGET_S = remote.RETRY_BUDGET_S

@@ -191,7 +191,7 @@ def test_listing_remote_containers_reads_headers_not_images(s3_server, fresh_buc
     monkeypatch.setattr(remote, "get_range", get_range)
     monkeypatch.setattr(remote, "open_reader", open_reader)
     monkeypatch.setattr(obstore, "list", lambda *a, **k: listed.append(k.get("prefix")) or real_list(*a, **k))
-    from fastload.pack.sources import open_any_source
+    from fastload.pack.containers import open_any_source
 
     for folder in ("wds", "pq"):
         fetched.clear()

@@ -537,3 +537,29 @@ def test_kineto_compute_bound_kernel_workload(tmp_path):
             for _ in range(20):
                 a @ a
     assert q.summary()["idle_source"] == "cuda-events" and q.summary()["input_bound_idle_fraction"] < 0.05
+
+
+def test_a_new_recommendation_is_one_rule_function(monkeypatch):
+    """A rule reads the fitted model and returns its ``Recommendation``s; adding one to ``RULES`` is all it
+    takes to be ranked, filtered (under 2%: no advice) and reported like the built-in ones."""
+    from fastload.profiling import _recommend as rec
+
+    def rule_smaller_images(m: rec.Model) -> list[rec.Recommendation]:
+        if not m.samples or m.parts["decode"] < 0.4:
+            return []
+        return [rec.Recommendation(change="store smaller images (fastload convert --max-side 512)", stage="store-size",
+                                   why=f"{m.parts['decode']:.0%} of sample time is decode", code="--max-side 512",
+                                   expected_gain=m.gain(m.tb * 0.5, m.tcpu * 0.5, m.n_after))]
+
+    parts = {"read": 0.3, "decode": 0.5, "transform": 0.15, "other": 0.05}
+    s = _summary(0.6, 3, per_sample_ms=30.0, cpu_share=0.95, parts=parts, floats=0.12)
+    _, before = recommend(dict(s), plan_workers=3, has_gpu=False)
+    monkeypatch.setattr(rec, "RULES", [*rec.RULES, rule_smaller_images])
+    _, recs = recommend(dict(s), plan_workers=3, has_gpu=False)
+    added = [r for r in recs if r["stage"] == "store-size"]
+    assert len(recs) == len(before) + 1 and added[0]["why"] == "50% of sample time is decode"
+    assert set(added[0]) == {"change", "stage", "why", "expected_gain", "code"}  # unset options are left out
+    assert [r["expected_gain"] for r in recs] == sorted((r["expected_gain"] for r in recs), reverse=True)
+    _, recs = recommend(_summary(0.6, 3, 30.0, 0.95, {**parts, "decode": 0.2, "other": 0.35}), plan_workers=3,
+                        has_gpu=False)
+    assert "store-size" not in [r["stage"] for r in recs]

@@ -437,7 +437,7 @@ def _run(images_per_s: float, sd_s: float = 1e-4) -> dict:
 
 
 def test_verify_rounds_judge_the_run_to_run_drift_not_only_the_step_spread():
-    from fastload.profiling._profile_compare import compare_figures, compare_rounds
+    from fastload.profiling.compare import compare_figures, compare_rounds
 
     # the machine got less busy between A1 and B1 (1.50x), then busier again (0.95x): steady steps within each
     # run make the within-run test call round 1 real; across rounds it is noise

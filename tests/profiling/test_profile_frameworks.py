@@ -16,6 +16,8 @@ import torch
 
 import fastload
 from fastload import DataLoader, LMDBImageDataset, collate_uint8, train_transform
+from fastload.image.fast import decode_rgb_fast
+from fastload.marks import marked, timed
 from fastload.profiling._snippet import loader_snippet
 
 
@@ -104,6 +106,47 @@ def test_lmdb_dataset_samples_are_split_into_read_decode_transform(tiny_store, t
     assert parts["decode"] + parts["transform"] > 0.5 and parts["other"] < 0.5, parts
     assert set(samples["transforms"]) == {"TrainTransform"}
     assert "store" not in " ".join(r["change"] for r in s["recommendations"])  # it reads from a store already
+
+
+class Gray:
+    """A new preset, as a contributor would add one: it marks its own work, and the profiler has no list to extend."""
+
+    size = 16
+
+    @timed("transform", own=True, per_class=True)
+    def from_bytes(self, data: bytes, generator=None) -> torch.Tensor:
+        arr = torch.from_numpy(decode_rgb_fast(data)).permute(2, 0, 1)  # a marked decoder: decode time
+        small = torch.nn.functional.interpolate(arr[None].float(), size=(16, 16), mode="bilinear")[0]
+        return small.mean(0, keepdim=True).expand(3, -1, -1).round().to(torch.uint8)
+
+    def __call__(self, img) -> torch.Tensor:
+        return self.from_bytes(img)
+
+
+@pytest.mark.parametrize("backend", ["processes", "threads"])
+def test_a_new_preset_that_marks_itself_is_in_the_split_with_no_profiler_change(tiny_store, tmp_path, backend):
+    ds = LMDBImageDataset(tiny_store, transform=Gray())
+    loader = DataLoader(ds, batch_size=4, num_workers=2, backend=backend, collate_fn=collate_uint8)
+    with fastload.profile(out=tmp_path / "p", warmup=1) as p:
+        for _ in loader:
+            pass
+    samples = p.summary()["samples"]
+    assert samples["n"] > 0 and set(samples["transforms"]) == {"Gray"}
+    assert samples["parts"]["read"] > 0 and samples["parts"]["decode"] > 0 and samples["parts"]["transform"] > 0
+
+
+def test_fastloads_own_timed_work_is_marked_where_it_is_written():
+    """What the profile splits (store read, decode, preset) is marked in its own room."""
+    import fastload.store.remote_store  # noqa: F401  (marks are registered as modules are imported)
+
+    names = {m.qualname: m.part for m in marked()}
+    assert names["fastload.store.reader.StoreReader.get"] == "read"
+    assert names["fastload.store.remote_store.RemoteStoreReader.get"] == "read"
+    assert names["fastload.image.fast.decode_pil"] == names["fastload.image.fast.decode_rgb_fast"] == "decode"
+    assert names["fastload.load.transforms.TrainTransform.from_bytes"] == "transform"
+    assert names["fastload.load.transforms.EvalTransform.__call__"] == "transform"
+    with pytest.raises(ValueError, match="part must be one of"):
+        timed("download")
 
 
 SPIN_SCRIPT = '''

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastload.profiling._profile_compare import compare_rounds
+from fastload.profiling.compare import compare_rounds
 from fastload.profiling._profile_report import format_summary
 from fastload.profiling._recommend import change_to_verify, predict_step, recommend
 

@@ -117,7 +117,7 @@ def silent_endpoint(monkeypatch):
     for name, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{srv.getsockname()[1]}", "AWS_ACCESS_KEY_ID": "k",
                         "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1", remote.RETRY_ENV: "3"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(remote, "_STALL_S", 1)
+    monkeypatch.setenv(remote.STALL_ENV, "1")
     monkeypatch.setattr(remote, "_STORES", {})
     try:
         yield held
@@ -339,3 +339,17 @@ def test_missing_credentials_are_named_at_once(monkeypatch):
     with pytest.raises(RemoteStoreError) as err:
         remote.get_bytes("s3://bucket/key")
     assert err.value.reason == "endpoint", str(err.value)
+
+
+def test_the_stall_limit_is_an_option_beside_the_retry_budget(monkeypatch):
+    """docs/streaming.md teaches FASTLOAD_REMOTE_STALL_S, read in one place as the budget is."""
+    monkeypatch.delenv(remote.STALL_ENV, raising=False)
+    assert remote.stall_limit() == remote.STALL_S == 10.0
+    monkeypatch.setenv(remote.STALL_ENV, "2.5")
+    assert remote.stall_limit() == 2.5
+    for bad in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv(remote.STALL_ENV, bad)
+        with pytest.raises(ValueError, match=f"Unknown value '{bad}' for FASTLOAD_REMOTE_STALL_S.*> 0"):
+            remote.stall_limit()
+    monkeypatch.setenv(remote.RETRY_ENV, "0")
+    assert remote.retry_budget() == 0.0
