@@ -97,6 +97,10 @@ class Window:
     def busy_cpus(self) -> float:
         return self.process_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def step_cpus(self) -> float:
+        return self.step_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -107,7 +111,8 @@ class Decision:
     action: str  # "grow", "deepen", "shrink", "shallow", "undo", "hold"
     reason: str
     wait_fraction: float
-    busy_cpus: float
+    busy_cpus: float  # CPUs the whole process used in the window
+    step_cpus: float  # of which the training thread outside next() (the step's host work)
     batch: int  # batches handed out in this loader's life when it was made
 
     def as_dict(self) -> dict:
@@ -156,7 +161,7 @@ class AutoTuner:
         pct = f"data wait {wait:.1%}"
 
         def out(action: str, threads: int, depth: int, reason: str) -> Decision:
-            return Decision(threads, depth, action, reason, wait, busy, self.batches)
+            return Decision(threads, depth, action, reason, wait, busy, w.step_cpus, self.batches)
 
         if wait > o.target_wait:
             if self._before_shrink is not None:
@@ -182,13 +187,13 @@ class AutoTuner:
             if d > max(o.min_depth, floor_d) and t == max(o.min_threads, floor_t):
                 self._before_shrink = (t, d)
                 return out("shallow", t, d - 1, f"{pct} < {o.target_wait / 2:.0%}: trying one batch less ahead")
-        return out("hold", t, d, f"{pct}, {busy:.1f} of {self.cpus} CPUs busy")
+        return out("hold", t, d, f"{pct}, {busy:.1f} of {self.cpus} CPUs busy ({w.step_cpus:.1f} the step's)")
 
     def observe(self, w: Window) -> Decision:
         """Decide on ``w``, take the setting, size the next window, record and log the decision."""
         self.batches += w.batches
         d = self.decide(w)
-        d = Decision(d.threads, d.depth, d.action, d.reason, d.wait_fraction, d.busy_cpus, self.batches)
+        d = Decision(d.threads, d.depth, d.action, d.reason, d.wait_fraction, d.busy_cpus, d.step_cpus, self.batches)
         self.threads, self.depth = d.threads, d.depth
         o = self.options
         if d.action == "hold":

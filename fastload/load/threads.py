@@ -57,8 +57,9 @@ state taken between ``iter()`` and the first ``next()`` already pins the epoch's
 Bounded: at most ``prefetch_factor`` (default 2) batches are being filled ahead of the
 one handed out. Under the loader's autotuner (``autotune.py``), the thread count and that
 depth change between batches: threads are added at once and surplus ones end after their
-current sample, so no sample is lost, repeated or reordered, and resume is unchanged. Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops
-the pool and joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker
+current sample, so no sample is lost, repeated or reordered, and resume is unchanged.
+
+Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops the pool and joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker
 process as long before terminating it); the threads hold no reference to the iterator, so
 an iterator abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch
 not ready within it raises torch's "DataLoader timed out after N seconds" (naming the samples

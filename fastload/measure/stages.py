@@ -1,8 +1,8 @@
 """The loader each A/B stage runs, built in one place for recipes and ``bench loader``.
 
 Owns: one builder per stage type (``baseline``, ``workers``, ``lmdb``, ``fast``,
-``threads``, ``threads-autotune``, ``dali-cpu``, ``dali-gpu``), the torchvision baseline transform, the reason a stage cannot
-run here, the optional per-file read delay, and shutting a stage's loader down so the
+``threads``, ``threads-autotune``, ``dali-cpu``, ``dali-gpu``), the torchvision baseline
+transform, the reason a stage cannot run here, the optional per-file read delay, and shutting a stage's loader down so the
 next stage is timed on an idle machine with the process's torch threads as they were.
 
 The output contract, the same for every stage: batches of ``float32`` NCHW images

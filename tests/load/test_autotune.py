@@ -102,7 +102,7 @@ class Scripted(AutoTuner):
     def decide(self, w: Window) -> Decision:
         threads, depth = self.plan.pop(0) if self.plan else (self.threads, self.depth)
         return Decision(threads, depth, "grow" if threads > self.threads else "shrink", "scripted",
-                        w.wait_fraction, w.busy_cpus, 0)
+                        w.wait_fraction, w.busy_cpus, w.step_cpus, 0)
 
 
 def loader(store, tuner_=None, workers=1):
@@ -141,3 +141,16 @@ def test_exact_resume_mid_epoch_with_the_pool_resizing(tiny_store):
     assert len(rest) == len(expected) - 5
     for (a, b), (c, d) in zip(rest, expected[5:]):
         assert torch.equal(a, c) and torch.equal(b, d)
+
+
+def test_the_meter_ends_a_window_every_n_batches_after_the_first_hand_out():
+    from fastload.load.autotune import WindowMeter
+
+    meter = WindowMeter()
+    got = []
+    for _ in range(7):
+        meter.called()
+        got.append(meter.returned(3))
+    assert [w is not None for w in got] == [False, False, False, True, False, False, True]
+    w = got[3]
+    assert w.batches == 3 and 0 <= w.wait_s <= w.wall_s and w.process_cpu_s >= 0 and w.step_cpu_s >= 0
