@@ -59,12 +59,13 @@ one handed out. Under the loader's autotuner (``autotune.py``), the thread count
 depth change between batches: threads are added at once and surplus ones end after their
 current sample, so no sample is lost, repeated or reordered, and resume is unchanged.
 
-Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops the pool and joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker
-process as long before terminating it); the threads hold no reference to the iterator, so
-an iterator abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch
-not ready within it raises torch's "DataLoader timed out after N seconds" (naming the samples
-still being read) at once, without waiting for the stuck thread; that daemon thread ends when
-its read returns, and never keeps the process from exiting (no join at interpreter exit).
+Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops the pool and
+joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker process as
+long before terminating it); the threads hold no reference to the iterator, so an iterator
+abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch not ready
+within it raises torch's "DataLoader timed out after N seconds" (naming the samples still
+being read) at once, without waiting for the stuck thread; that daemon thread ends when its
+read returns, and never keeps the process from exiting (no join at interpreter exit).
 
 torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
 nothing to act on (a pool starts per epoch, in microseconds); batches always come in

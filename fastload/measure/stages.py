@@ -2,8 +2,8 @@
 
 Owns: one builder per stage type (``baseline``, ``workers``, ``lmdb``, ``fast``,
 ``threads``, ``threads-autotune``, ``dali-cpu``, ``dali-gpu``), the torchvision baseline
-transform, the reason a stage cannot run here, the optional per-file read delay, and shutting a stage's loader down so the
-next stage is timed on an idle machine with the process's torch threads as they were.
+transform, the reason a stage cannot run here, the optional per-file read delay, and shutting
+a stage's loader down so the next stage is timed on an idle machine with the process's torch threads as they were.
 
 The output contract, the same for every stage: batches of ``float32`` NCHW images
 normalised with the ImageNet mean/std, and ``int64`` labels, on the run's device. Each
