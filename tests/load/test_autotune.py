@@ -154,3 +154,36 @@ def test_the_meter_ends_a_window_every_n_batches_after_the_first_hand_out():
     assert [w is not None for w in got] == [False, False, False, True, False, False, True]
     w = got[3]
     assert w.batches == 3 and 0 <= w.wait_s <= w.wall_s and w.process_cpu_s >= 0 and w.step_cpu_s >= 0
+
+
+def test_a_shrunk_pool_ends_its_surplus_threads_after_their_task_and_runs_every_task():
+    import threading
+    import time
+
+    from fastload.load.threads import _Pool
+
+    pool = _Pool(3, threading.Event())
+    first = list(pool.threads)
+    done, lock = [], threading.Lock()
+
+    def task(i):
+        with lock:
+            done.append(i)
+
+    try:
+        pool.resize(1)
+        assert pool.size == 1
+        for i in range(20):
+            pool.submit(task, i)
+        deadline = time.monotonic() + 10  # a bound for a loaded machine, not a timing assertion
+        while (len(pool.threads) > 1 or len(done) < 20) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sorted(done) == list(range(20)) and len(pool.threads) == 1
+        for t in first:
+            if t not in pool.threads:
+                t.join(10)
+        assert sum(t.is_alive() for t in first) == 1  # the two surplus threads really ended
+        pool.resize(4)  # grows at once: new threads, new names
+        assert pool.size == 4 and [t.name for t in pool.threads][1:] == [f"fastload-loader-{k}" for k in (3, 4, 5)]
+    finally:
+        pool.close()
