@@ -53,6 +53,7 @@ _EXPORTS: dict[str, str] = {
     # load
     "LMDBImageDataset": "fastload.load.dataset",
     "DataLoader": "fastload.load.loader",
+    "AutotuneOptions": "fastload.load.autotune",
     "ShardSampler": "fastload.load.shards",
     "DevicePrefetcher": "fastload.load.prefetch",
     "prepare_batch": "fastload.load.prefetch",

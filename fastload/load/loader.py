@@ -30,6 +30,8 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
 * ``backend="processes"`` (default) is torch's worker processes. ``backend="threads"``
   makes the batches with ``num_workers`` threads of this process instead (``threads.py``:
   no worker processes, no ``/dev/shm``, reused batch buffers, per-sample seeds).
+  With ``num_workers="auto"`` (or ``autotune=True``) the thread count and prefetch depth are
+  then sized while it trains (``autotune.py``): ``auto_num_workers()`` is only the start.
 * Before worker processes start, ``/dev/shm`` is checked against ``num_workers ×
   prefetch_factor ×`` the batch size in bytes (from the preset's output size, else from one
   sample collated, for fastload's and torchvision's folder datasets only: an arbitrary
@@ -72,6 +74,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     Extra keyword-only arguments:
         main_threads: ``"auto"`` (default), ``None`` or an int; see the module docstring.
         backend: ``"processes"`` (default) or ``"threads"``; see the module docstring.
+        autotune: None (default: on for ``backend="threads"`` with ``num_workers="auto"``), True,
+            False, an ``AutotuneOptions`` or an ``AutoTuner``: size the thread pool and prefetch
+            depth while training (``autotune.py``); ``autotune_decisions`` lists what it did.
         snapshot_every_n_steps: torchdata ``StatefulDataLoader``'s: how often workers send
             an iterable dataset's state (1, default: with every batch; n: around every n-th
             step, and a state taken in between reads the batches since again on resume;
@@ -85,10 +90,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                  num_workers=0, collate_fn=None, pin_memory=None, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 main_threads="auto", backend="processes", snapshot_every_n_steps=1):
+                 main_threads="auto", backend="processes", snapshot_every_n_steps=1, autotune=None):
         if backend not in BACKENDS:
             raise ValueError(f"Unknown value {backend!r} for argument backend. "
                              "Valid values are 'processes', 'threads'.")
+        tuner = _autotuner(autotune, backend, num_workers, prefetch_factor)
+        if tuner is not None:
+            num_workers = tuner.threads
         if isinstance(num_workers, str):
             if num_workers != "auto":
                 raise ValueError(f"Unknown value {num_workers!r} for argument num_workers. "
@@ -129,6 +137,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.snapshot_every_n_steps = snapshot_every_n_steps
         self._fl_resume = ResumeTracker(self, snapshot_every_n_steps or 0)
         self._batch_bytes: int | None = None
+        self.autotuner = tuner
         if backend == "threads":
             from fastload.load.threads import check_thread_backend
 
@@ -138,6 +147,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """torch's "too many worker processes" warning, which threads (no processes) do not get."""
         if self.backend != "threads":
             super().check_worker_number_rationality()
+
+    @property
+    def autotune_decisions(self) -> list[dict] | None:
+        """The autotuner's decisions so far (``autotune.Decision.as_dict()``), None without one."""
+        return None if self.autotuner is None else [d.as_dict() for d in self.autotuner.decisions]
 
     @property
     def epoch(self) -> int:
@@ -268,6 +282,33 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self._batch_bytes = _estimate_batch_bytes(self)
         if self._batch_bytes:
             check_shm(self.num_workers, self.prefetch_factor or 2, self._batch_bytes)
+
+
+def _autotuner(autotune, backend: str, num_workers, prefetch_factor):
+    """The loader's ``AutoTuner`` (``autotune.py``), or None: on by default for threads with
+    ``num_workers="auto"``; ``True``, ``AutotuneOptions`` or an ``AutoTuner`` turn it on."""
+    from fastload.load.autotune import AutoTuner, AutotuneOptions
+
+    if autotune is None:
+        autotune = backend == "threads" and num_workers == "auto"
+    if autotune is False:
+        return None
+    if not isinstance(autotune, (bool, AutotuneOptions, AutoTuner)):
+        raise ValueError(f"Unknown value {autotune!r} for argument autotune. Valid values are None, True, False, "
+                         "an AutotuneOptions or an AutoTuner.")
+    if backend != "threads":
+        raise ValueError("autotune sizes the thread pool of backend='threads'; got backend="
+                         f"{backend!r}.\nHINT: DataLoader(..., backend='threads', num_workers='auto').")
+    if isinstance(autotune, AutoTuner):
+        return autotune
+    from fastload.system import available_cpus
+
+    start = auto_num_workers() if num_workers == "auto" else num_workers
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise ValueError(f"Unknown value {num_workers!r} for argument num_workers. "
+                         "Valid values are 'auto' or an integer >= 0.")
+    options = autotune if isinstance(autotune, AutotuneOptions) else AutotuneOptions()
+    return AutoTuner(threads=start, depth=prefetch_factor or 2, cpus=available_cpus(), options=options)
 
 
 def _tensor_bytes(obj) -> int:

@@ -55,13 +55,17 @@ iterator is made (the first indices are taken then, as torch's worker iterator d
 state taken between ``iter()`` and the first ``next()`` already pins the epoch's order.
 
 Bounded: at most ``prefetch_factor`` (default 2) batches are being filled ahead of the
-one handed out. Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops
-the pool and joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker
-process as long before terminating it); the threads hold no reference to the iterator, so
-an iterator abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch
-not ready within it raises torch's "DataLoader timed out after N seconds" (naming the samples
-still being read) at once, without waiting for the stuck thread; that daemon thread ends when
-its read returns, and never keeps the process from exiting (no join at interpreter exit).
+one handed out. Under the loader's autotuner (``autotune.py``), the thread count and that
+depth change between batches: threads are added at once and surplus ones end after their
+current sample, so no sample is lost, repeated or reordered, and resume is unchanged.
+
+Shutdown: the end of an epoch, ``close()``, or dropping the iterator stops the pool and
+joins its threads, for at most ``JOIN_TIMEOUT_S`` in all (torch gives a worker process as
+long before terminating it); the threads hold no reference to the iterator, so an iterator
+abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch not ready
+within it raises torch's "DataLoader timed out after N seconds" (naming the samples still
+being read) at once, without waiting for the stuck thread; that daemon thread ends when its
+read returns, and never keeps the process from exiting (no join at interpreter exit).
 
 torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
 nothing to act on (a pool starts per epoch, in microseconds); batches always come in
@@ -88,6 +92,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
+from fastload.load.autotune import WindowMeter
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.replay import mix_seed
 from fastload.load.transforms import collate_uint8, is_preset, preset_size
@@ -158,19 +163,61 @@ def _one_intraop_thread() -> None:
 
 
 class _Pool:
-    """N daemon threads running ``(fn, args)`` tasks from one queue. Holds no iterator reference."""
+    """N daemon threads running ``(fn, args)`` tasks from one queue. Holds no iterator reference.
+
+    ``resize(n)`` (the autotuner's): new threads start at once; surplus ones end after the task
+    they are running, so no task is dropped (samples land in their batch slot whichever thread
+    runs them: the order of what is handed out does not depend on the pool's size).
+    """
 
     def __init__(self, n: int, stopping: threading.Event) -> None:
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.stopping = stopping
-        self.threads = [threading.Thread(target=self._work, name=f"fastload-loader-{k}", daemon=True)
-                        for k in range(n)]
-        for t in self.threads:
+        self.lock = threading.Lock()
+        self.retiring = 0  # threads asked to end after their current task
+        self.started = 0
+        self.threads: list[threading.Thread] = []
+        self._start(n)
+
+    def _start(self, n: int) -> None:
+        new = [threading.Thread(target=self._work, name=f"fastload-loader-{self.started + k}", daemon=True)
+               for k in range(n)]
+        self.started += n
+        self.threads.extend(new)
+        for t in new:
             t.start()
+
+    @property
+    def size(self) -> int:
+        """Threads that will keep taking tasks (those asked to end not counted)."""
+        with self.lock:
+            return len(self.threads) - self.retiring
+
+    def resize(self, n: int) -> None:
+        with self.lock:
+            if self.stopping.is_set():
+                return
+            now = len(self.threads) - self.retiring
+            if n < now:
+                self.retiring += now - n
+            elif n > now:
+                keep = min(self.retiring, n - now)  # cancel pending retirements first
+                self.retiring -= keep
+                self._start(n - now - keep)
+
+    def _retire(self) -> bool:
+        with self.lock:
+            if self.retiring == 0:
+                return False
+            self.retiring -= 1
+            self.threads.remove(threading.current_thread())
+            return True
 
     def _work(self) -> None:
         _one_intraop_thread()
         while True:
+            if self.retiring and self._retire():
+                return
             task = self.tasks.get()
             if task is None:
                 return
@@ -183,11 +230,13 @@ class _Pool:
 
     def close(self, join_s: float = JOIN_TIMEOUT_S) -> None:
         """Stop the threads and wait at most ``join_s`` in all for them (0: do not wait)."""
-        self.stopping.set()  # queued tasks see it and return at once
-        for _ in self.threads:
+        with self.lock:
+            self.stopping.set()  # queued tasks see it and return at once
+            threads, self.retiring = list(self.threads), 0
+        for _ in threads:
             self.tasks.put(None)
         deadline = time.monotonic() + join_s
-        for t in self.threads:
+        for t in threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
 
@@ -332,12 +381,18 @@ class ThreadBatchIterator(Iterator):
         self._auto_collation = loader._auto_collation
         self._timeout = loader.timeout
         self._depth = max(1, loader.prefetch_factor or 2)
+        n = int(loader.num_workers)
+        # the loader's autotuner (autotune.py) sizes the pool and the depth while the epoch runs
+        self._tuner = getattr(loader, "autotuner", None) if n > 0 else None
+        self._meter = WindowMeter() if self._tuner is not None else None
+        if self._tuner is not None:
+            n, self._depth = self._tuner.threads, self._tuner.depth
+        keep = (self._tuner.options.max_depth if self._tuner is not None else self._depth) + 2
         stopping = threading.Event()
         self._job = _Job(loader, self.sample_seed, self.epoch, self.fast, stopping)
-        self._buffers = _Buffers(self._job.shape, self._job.pin, keep=self._depth + 2) if self.fast else None
+        self._buffers = _Buffers(self._job.shape, self._job.pin, keep=keep) if self.fast else None
         self._inflight: deque[_Batch] = deque()
         self._exhausted = self._closed = False
-        n = int(loader.num_workers)
         self._pool = _Pool(n, stopping) if n > 0 else None
         self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
         if self._closer is not None:  # at interpreter exit the daemon threads just end: no join
@@ -350,8 +405,13 @@ class ThreadBatchIterator(Iterator):
 
     @property
     def threads(self) -> list[threading.Thread]:
-        """The pool's threads (empty with ``num_workers=0``)."""
+        """The pool's threads (empty with ``num_workers=0``); under autotune, those still to end included."""
         return list(self._pool.threads) if self._pool is not None else []
+
+    @property
+    def pool_size(self) -> int:
+        """The threads the pool runs now (what the autotuner last asked for; 0 with ``num_workers=0``)."""
+        return self._pool.size if self._pool is not None else 0
 
     def __iter__(self) -> ThreadBatchIterator:
         return self
@@ -396,6 +456,8 @@ class ThreadBatchIterator(Iterator):
             for pos in range(len(batch.indices)):
                 self._job.run(batch, pos)
         else:
+            if self._meter is not None:
+                self._meter.called()
             if not self._inflight:
                 self._fill(self._depth)
             if not self._inflight:
@@ -408,7 +470,17 @@ class ThreadBatchIterator(Iterator):
             raise batch.error
         out = (batch.images, torch.tensor(batch.labels, dtype=torch.int64)) if self.fast else batch.result
         self._tracker.batch_yielded()  # counted only now: the state describes what the caller received
+        if self._meter is not None:
+            self._tune()
         return out
+
+    def _tune(self) -> None:
+        """At the end of a window: ask the autotuner, then resize the pool and set the depth."""
+        window = self._meter.returned(self._tuner.next_window)
+        if window is not None and not self._closed:
+            decision = self._tuner.observe(window)
+            self._pool.resize(decision.threads)
+            self._depth = decision.depth
 
     def _timed_out(self, batch: _Batch) -> RuntimeError:
         """The timeout error (torch's words first), after stopping the pool without waiting for

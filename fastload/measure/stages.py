@@ -1,9 +1,9 @@
 """The loader each A/B stage runs, built in one place for recipes and ``bench loader``.
 
 Owns: one builder per stage type (``baseline``, ``workers``, ``lmdb``, ``fast``,
-``threads``, ``dali-cpu``, ``dali-gpu``), the torchvision baseline transform, the reason a stage cannot
-run here, the optional per-file read delay, and shutting a stage's loader down so the
-next stage is timed on an idle machine with the process's torch threads as they were.
+``threads``, ``threads-autotune``, ``dali-cpu``, ``dali-gpu``), the torchvision baseline
+transform, the reason a stage cannot run here, the optional per-file read delay, and shutting
+a stage's loader down so the next stage is timed on an idle machine with the process's torch threads as they were.
 
 The output contract, the same for every stage: batches of ``float32`` NCHW images
 normalised with the ImageNet mean/std, and ``int64`` labels, on the run's device. Each
@@ -14,7 +14,8 @@ stage pays for getting there inside the timed loop:
 * ``fast`` / ``threads``: ``uint8`` batches from worker processes / from a pool of threads
   of the training process (``backend="threads"``), converted and normalised by
   ``DevicePrefetcher`` — on the GPU when the device is CUDA, and on the CPU, in the main
-  process, inside the measured ``next(loader)`` when it is not (so a CPU-only table
+  process, inside the measured ``next(loader)`` when it is not (``threads-autotune``: the
+  thread pool sizing itself while it runs, ``load/autotune.py``) (so a CPU-only table
   charges ``fast`` for the normalisation the others do in their workers);
 * ``dali-cpu`` / ``dali-gpu``: DALI's own normalise, in its CPU threads or on the GPU.
 
@@ -153,7 +154,7 @@ def _delayed(dataset, o: StageOptions, *, one_file: bool):
 
 
 def _torch_loader(dataset, o: StageOptions, workers: int, *, pin: bool, fastload_loader: bool, collate=None,
-                  backend: str = "processes"):
+                  backend: str = "processes", autotune: bool = False):
     import torch.distributed as dist
     import torch.utils.data
 
@@ -167,7 +168,7 @@ def _torch_loader(dataset, o: StageOptions, workers: int, *, pin: bool, fastload
         kwargs["collate_fn"] = collate
     generator = torch.Generator().manual_seed(o.seed)
     if fastload_loader:
-        return DataLoader(dataset, shuffle=True, generator=generator, backend=backend, **kwargs)
+        return DataLoader(dataset, shuffle=True, generator=generator, backend=backend, autotune=autotune, **kwargs)
     sampler = None
     if dist.is_available() and dist.is_initialized():  # give torch's loader the same sharding, fairly
         sampler = torch.utils.data.DistributedSampler(dataset, shuffle=True, seed=o.seed, drop_last=True)
@@ -259,6 +260,23 @@ def _threads(data: StageData, o: StageOptions) -> BuiltStage:
     where = "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
         "main process, in the timed loop (DevicePrefetcher on CPU)"
     return BuiltStage("threads", _to_device(loader, o), threads, where)
+
+
+@_stage("threads-autotune")
+def _threads_autotune(data: StageData, o: StageOptions) -> BuiltStage:
+    """``threads`` sizing itself while it runs (``load/autotune.py``): ``workers`` is where it starts."""
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import collate_uint8, train_transform
+
+    threads = o.resolved_workers("auto") or 1
+    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
+    loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
+                           backend="threads", autotune=True)
+    where = "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
+        "main process, in the timed loop (DevicePrefetcher on CPU)"
+    return BuiltStage("threads-autotune", _to_device(loader, o), threads, where)
 
 
 def _dali(data: StageData, o: StageOptions, mode: str) -> BuiltStage:

@@ -164,6 +164,7 @@ class Track:
             except Exception as exc:  # noqa: BLE001 - the user's dataset, any state: advice only, never the run
                 self.meta["image_folder"] = {"refused": f"{type(exc).__name__}: {exc}"}
         self.meta["created_at"] = getattr(loader, "_fastload_created_at", None)  # the user's DataLoader(...) line
+        self.autotuner = getattr(loader, "autotuner", None)  # fastload's thread loader sizing itself (autotune.py)
         # [start, wait, total, images, process CPU s, main-thread CPU s, run-queue s]: the CPU figures cover
         # the step's own part (from next() returning to the next call), i.e. the training process's compute;
         # run-queue: its threads' time waiting for a CPU in that part (every RUNQUEUE_EVERY-th step, else -1)
@@ -213,7 +214,10 @@ class Track:
         self.cpu_after = (time.process_time(), time.thread_time())
 
     def header(self) -> dict[str, Any]:
-        return {"key": self.key, "kind": self.kind, "meta": self.meta, "batch_bytes": self.batch_bytes,
+        meta = self.meta
+        if self.autotuner is not None:  # its decisions so far (the rank file, written at the end, has them all)
+            meta = {**meta, "autotune": [d.as_dict() for d in list(self.autotuner.decisions)]}
+        return {"key": self.key, "kind": self.kind, "meta": meta, "batch_bytes": self.batch_bytes,
                 "pinned": self.pinned}
 
 

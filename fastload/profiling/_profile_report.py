@@ -172,7 +172,7 @@ def rank_figures(probe: dict, samples: list[dict]) -> dict[str, Any]:
                    "prefetch_factor": meta.get("prefetch_factor"), "batch_size": meta.get("batch_size"),
                    "persistent_workers": meta.get("persistent_workers"), "batch_bytes": batch_bytes,
                    "worker_cpu_util": util, "worker_cpu_util_mean": sum(util) / len(util) if util else None,
-                   "cpus_per_process": cpus_per_process, "shm": shm},
+                   "cpus_per_process": cpus_per_process, "shm": shm, "autotune": meta.get("autotune")},
         "samples": _sample_figures(samples, meta.get("dataset")),
         "other_loaders": [{"key": t["key"], "steps": len(t["steps"])} for t in tracks[1:]],
         "cpus": probe["cpus"], "cuda": probe["cuda"], "notes": notes,
@@ -238,6 +238,16 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  loader {ld['key']}: num_workers={ld['num_workers']}, pin_memory={ld['pin_memory']}, "
                  f"{s['images_per_step']:.0f} samples/batch, {ld['batch_bytes'] / 1e3:.0f} kB/batch"
                  + (f" (iterated at {ld['iterated_at']})" if ld.get("iterated_at") and ld.get("created_at") else ""))
+    tuned = ld.get("autotune")
+    if tuned is not None:  # the thread loader sized itself (load/autotune.py): its changes, then where it ended
+        moves = [d for d in tuned if d["action"] != "hold"]
+        last = tuned[-1] if tuned else None
+        lines.append("  autotune: " + (f"{len(moves)} change(s) in {len(tuned)} decisions, ended at "
+                                       f"{last['threads']} thread(s), prefetch depth {last['depth']} after "
+                                       f"{last['batch']} batches" if last else "no decision yet (too few batches)"))
+        for d in moves[-5:]:
+            lines.append(f"    batch {d['batch']}: {d['action']} -> {d['threads']} thread(s), depth {d['depth']}: "
+                         f"{d['reason']}")
     if ld["worker_cpu_util"]:
         lines.append("  worker CPU: " + ", ".join(f"{u:.0%}" for u in ld["worker_cpu_util"])
                      + f" of one CPU each; {ld['cpus_per_process']} CPUs for this process")

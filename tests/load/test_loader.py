@@ -72,7 +72,7 @@ def test_signature_is_torchs_plus_main_threads_backend_and_torchdatas_snapshot_e
     ours = inspect.signature(DataLoader.__init__).parameters
     theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
     assert list(ours)[:len(theirs)] == list(theirs)
-    assert list(ours)[len(theirs):] == ["main_threads", "backend", "snapshot_every_n_steps"]
+    assert list(ours)[len(theirs):] == ["main_threads", "backend", "snapshot_every_n_steps", "autotune"]
     assert ours["snapshot_every_n_steps"].default == 1  # torchdata StatefulDataLoader's default
     assert ours["snapshot_every_n_steps"].kind == inspect.Parameter.KEYWORD_ONLY
     for name, p in theirs.items():

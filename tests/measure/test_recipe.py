@@ -44,8 +44,8 @@ def test_shipped_recipes_parse():
 @pytest.mark.parametrize("body, message", [
     ("[run]\nmodle = 'resnet50'\n[[stage]]\ntype='fast'", "Unknown field run.'modle'. Valid fields are: amp, "),
     ("[run]\nstep_ms=1\n[[stage]]\ntype='turbo'", "Unknown value 'turbo' for field stage.type. Valid values are "
-                                                  "'baseline', 'workers', 'lmdb', 'fast', 'threads', 'dali-cpu', "
-                                                  "'dali-gpu'"),
+                                                  "'baseline', 'workers', 'lmdb', 'fast', 'threads', "
+                                                  "'threads-autotune', 'dali-cpu', 'dali-gpu'"),
     ("[run]\nstep_ms=1\n[[stage]]\ntype='fast'\nworkers=-1", "workers must be an integer >= 0"),
     ("[run]\nstep_ms=1\ndevice='tpu'\n[[stage]]\ntype='fast'", "Valid values are 'auto', 'cpu', 'cuda'"),
     ("[run]\nmodel='simulated'\n[[stage]]\ntype='fast'", "run.step_ms"),

@@ -70,7 +70,7 @@ def test_skip_reasons_and_unknown_type(tiny_store):
         "dali-gpu", None, cpu)
     assert "only a store" in skip_reason("baseline", StageData(None, tiny_store), cpu)
     assert skip_reason("fast", StageData(None, tiny_store), cpu) is None
-    with pytest.raises(ValueError, match="Valid values are baseline, workers, lmdb, fast, threads, dali-cpu, dali-gpu"):
+    with pytest.raises(ValueError, match="Valid values are baseline, workers, lmdb, fast, threads, threads-autotune, dali-cpu, dali-gpu"):
         build_stage("turbo", StageData(None, tiny_store), cpu)
     with pytest.raises(ValueError, match="read_delay_ms must be >= 0"):
         StageOptions(batch_size=2, read_delay_ms=-1)

@@ -563,3 +563,31 @@ def test_a_new_recommendation_is_one_rule_function(monkeypatch):
     _, recs = recommend(_summary(0.6, 3, 30.0, 0.95, {**parts, "decode": 0.2, "other": 0.35}), plan_workers=3,
                         has_gpu=False)
     assert "store-size" not in [r["stage"] for r in recs]
+
+
+def test_the_thread_loaders_autotune_decisions_are_in_the_profile(tmp_path):
+    import torch
+
+    import fastload
+    from fastload.load.autotune import AutotuneOptions
+    from fastload.profiling._profile_report import format_summary
+
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 40
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i * i)])
+
+    # a window per batch: every batch after the first ends one, whatever the timing (10 batches: 9 decisions)
+    options = AutotuneOptions(first_window=1, window=1, max_threads=3)
+    loader = fastload.DataLoader(Squares(), batch_size=4, num_workers=2, backend="threads", autotune=options)
+    with fastload.profile(out=tmp_path / "p", warmup=1) as p:
+        got = [b for b in loader]
+    assert torch.equal(torch.cat(got).flatten(), torch.tensor([float(i * i) for i in range(40)]))
+    s = p.summary()
+    tuned = s["loader"]["autotune"]
+    assert tuned == loader.autotune_decisions and len(tuned) == 9
+    assert [d["batch"] for d in tuned] == list(range(1, 10))
+    text = format_summary(s)
+    assert "autotune: " in text and f"ended at {tuned[-1]['threads']} thread(s)" in text
