@@ -42,6 +42,7 @@ import contextlib
 import io
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -288,7 +289,9 @@ def _error(loc: RemoteLocation | str, doing: str, exc: BaseException) -> RemoteS
         hint = "check the URL; a store is complete only once its manifest.json exists"
     elif any(w in text.lower() for w in ("connection refused", "error sending request", "dns error", "timed out",
                                           "connect error", "tcp connect", "failed to lookup")):
-        reason, what = "endpoint", f"cannot reach the endpoint ({endpoint}), retried for {_budget_text()}"
+        # the node that could not reach it: on a cluster, which node's link or firewall to look at
+        reason, what = "endpoint", (f"cannot reach the endpoint ({endpoint}) from node {socket.gethostname()}, "
+                                    f"retried for {_budget_text()}")
         hint = ("check AWS_ENDPOINT_URL (scheme, host, port) and that the server is running and reachable from "
                 f"here; {RETRY_ENV}=SECONDS retries longer")
     else:

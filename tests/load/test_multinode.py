@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -194,7 +195,7 @@ def test_a_link_cut_past_the_budget_is_a_named_error_and_leaves_nothing_partial(
     result = _read_with_link_change(a, bucket, url, cut, env={"FASTLOAD_REMOTE_RETRY_S": str(budget)})
     error = result["error"]
     assert error["type"] == "RemoteStoreError", error
-    assert "s3://train/tiny/" in error["text"], error
+    assert "s3://train/tiny/" in error["text"] and f"from node {socket.gethostname()}" in error["text"], error
     # within the budget and the stall limit of a request in flight, plus a few seconds; not a hang
     assert error["after_go_s"] < budget + 10 + 10, error
     partial = [p for p in (a.root / "cache").rglob("*") if ".partial" in p.parts and p.is_file()]
@@ -240,19 +241,24 @@ def _manifest_shards(node, bucket, url) -> list[tuple[str, int, int, str]]:
     return [(s["name"], s["start"], s["count"], s["sha256"]) for s in man["shards"]]
 
 
-def test_ray_conversion_across_two_nodes_with_token_auth(netns_cluster, tiny_tree):
-    bucket = netns_cluster.bucket()
-    a, b = netns_cluster.node("a"), netns_cluster.node("b")
+def _two_ray_nodes(cluster, tree, mbit, *, check_refusal=False):
+    """The bucket (buckets src and dst, the tree uploaded under s3://src/tree/: no node sees the driver's
+    files), nodes a and b on ``mbit`` links, a Ray head on a and a worker on b; their environments."""
+    bucket = cluster.bucket()
+    a, b = cluster.node("a"), cluster.node("b")
     for node in (a, b):
-        node.shape(200)
+        node.shape(mbit)
     for name in ("src", "dst"):
         bucket.make_bucket(name)
-    # the sources live in the bucket: no node sees the driver's files
     a.run([sys.executable, "-c", "import sys, pathlib; from fastload.store import remote\n"
            "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
            "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
-           "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
-    envs = _ray_cluster_on(a, [b], bucket, check_refusal=True)
+           "p.relative_to(root).as_posix()))", tree], env=bucket.env)
+    return bucket, a, b, _ray_cluster_on(a, [b], bucket, check_refusal=check_refusal)
+
+
+def test_ray_conversion_across_two_nodes_with_token_auth(netns_cluster, tiny_tree):
+    bucket, a, b, envs = _two_ray_nodes(netns_cluster, tiny_tree, 200, check_refusal=True)
     fastload = str(Path(sys.executable).with_name("fastload"))
     sent = {node.name: node.link_bytes()[1] for node in (a, b)}
     ray_run = a.run([fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray",
@@ -276,17 +282,7 @@ def _shard_sizes(node, bucket, url) -> list[int]:
 
 
 def test_ray_worker_node_killed_mid_conversion_is_survived(netns_cluster, tiny_tree):
-    bucket = netns_cluster.bucket()
-    a, b = netns_cluster.node("a"), netns_cluster.node("b")
-    for node in (a, b):
-        node.shape(20)  # slow uploads: the conversion is still running when b dies
-    for name in ("src", "dst"):
-        bucket.make_bucket(name)
-    a.run([sys.executable, "-c", "import sys, pathlib; from fastload.store import remote\n"
-           "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
-           "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
-           "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
-    envs = _ray_cluster_on(a, [b], bucket)
+    bucket, a, b, envs = _two_ray_nodes(netns_cluster, tiny_tree, 20)  # slow uploads: still converting when it dies
     fastload = str(Path(sys.executable).with_name("fastload"))
     sent = b.link_bytes()[1]
     driver = a.popen([fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray",
@@ -363,17 +359,7 @@ def test_a_node_lost_mid_epoch_is_survived_by_torchrun_elastic_resume(netns_clus
 
 
 def test_ray_driver_killed_mid_conversion_and_rerun_resumes(netns_cluster, tiny_tree):
-    bucket = netns_cluster.bucket()
-    a, b = netns_cluster.node("a"), netns_cluster.node("b")
-    for node in (a, b):
-        node.shape(20)
-    for name in ("src", "dst"):
-        bucket.make_bucket(name)
-    a.run([sys.executable, "-c", "import sys, pathlib; from fastload.store import remote\n"
-           "root = pathlib.Path(sys.argv[1])\nfor p in sorted(root.rglob('*')):\n"
-           "    if p.is_file(): remote.upload_file(p, remote.RemoteLocation.parse('s3://src/tree/' + "
-           "p.relative_to(root).as_posix()))", tiny_tree], env=bucket.env)
-    envs = _ray_cluster_on(a, [b], bucket)
+    bucket, a, b, envs = _two_ray_nodes(netns_cluster, tiny_tree, 20)  # slow uploads: still converting when it dies
     fastload = str(Path(sys.executable).with_name("fastload"))
     cmd = [fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray", "--address",
            f"{a.address}:6379", "--num-shards", "8"]

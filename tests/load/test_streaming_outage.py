@@ -12,6 +12,7 @@ outage, so the outage it measures is the usual one."""
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -183,7 +184,8 @@ def test_endpoint_gone_past_the_budget_is_a_named_error(own_server, published, t
     gc.collect()  # a reference cycle may still hold the iterator: let it go now, as it would be eventually
     text = str(error)
     assert "/data.mdb" in text and url in text, text
-    assert f"cannot reach the endpoint ({own_server.endpoint}), retried for {budget} s" in text, text
+    assert f"cannot reach the endpoint ({own_server.endpoint}) from node {socket.gethostname()}, retried for " \
+           f"{budget} s" in text, text
     assert "HINT: check AWS_ENDPOINT_URL" in text and remote.RETRY_ENV in text, text
     # retried for the budget (not given up at once), then stopped: the last backoff (<= 2 s) is the slack.
     # Workers: a worker queued on another's download of the same shard meets its failure (not a budget of

@@ -95,6 +95,7 @@ def test_unreachable_endpoint_is_named(monkeypatch, refused_endpoint):
         remote.get_bytes("s3://bucket/key")
     assert err.value.reason == "endpoint" and refused_endpoint in str(err.value), str(err.value)
     assert "s3://bucket/key" in str(err.value)
+    assert f"from node {socket.gethostname()}" in str(err.value)  # on a cluster: which node could not reach it
 
 
 @pytest.fixture
