@@ -174,16 +174,40 @@ def briefly(path: str | os.PathLike[str]) -> Iterator[Any]:
         env.close()
 
 
+_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+
+
+def _holds_images(path: Path, look: int = 200) -> bool:
+    """Whether a folder looks like an image folder: an image file in it or in one of its first sub-folders
+    (at most ``look`` entries read: a hint, never a scan of a large tree)."""
+    seen = 0
+    try:
+        for entry in path.iterdir():
+            entries = entry.iterdir() if entry.is_dir() else iter((entry,))
+            for f in entries:
+                seen += 1
+                if f.suffix.lower() in _IMAGE_SUFFIXES:
+                    return True
+                if seen >= look:
+                    return False
+    except OSError:  # unreadable: no opinion
+        pass
+    return False
+
+
 def _lmdb_open(path: Path, readahead: bool):
     import lmdb
 
     if not path.exists():
         raise NotAStoreError(f"{path} does not exist.\nHINT: create a store with `fastload convert SRC {path}`.")
     if not fmt.is_store_dir(path):
-        raise NotAStoreError(
-            f"{path} is not a fastload store (no data.mdb inside).\n"
-            f"HINT: create one with `fastload convert SRC {path}`."
-        )
+        if path.is_dir() and _holds_images(path):  # the image folder itself: the store goes beside it
+            store = path.with_name(path.name + ".lmdb")
+            hint = (f"{path} looks like the image folder itself: pack it into a store beside it with "
+                    f"`fastload convert {path} {store}` and read {store}.")
+        else:
+            hint = f"create one with `fastload convert SRC {path}` (SRC: your image folder, not {path})."
+        raise NotAStoreError(f"{path} is not a fastload store (no data.mdb inside).\nHINT: {hint}")
     check_data_file(path)
     try:
         return lmdb.open(str(path), readonly=True, lock=False, readahead=readahead,

@@ -78,8 +78,17 @@ def test_not_a_store(tmp_path):
     with pytest.raises(NotAStoreError, match="does not exist"):
         LMDBImageDataset(tmp_path / "nope")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(NotAStoreError, match="not a fastload store"):
+    with pytest.raises(NotAStoreError, match="not a fastload store") as err:
         LMDBImageDataset(tmp_path / "empty")
+    assert "SRC: your image folder" in str(err.value)
+
+
+def test_an_image_folder_given_as_a_store_is_told_to_pack_it_beside_itself(tiny_tree, tmp_path):
+    """The hint said `fastload convert SRC FOLDER`: followed literally with the image folder, it packed the folder
+    into itself ("no class folders found"). It now names the folder as SRC and a store beside it."""
+    with pytest.raises(NotAStoreError) as err:
+        LMDBImageDataset(tiny_tree)
+    assert f"fastload convert {tiny_tree} {tiny_tree.with_name(tiny_tree.name + '.lmdb')}" in str(err.value)
 
 
 def test_incomplete_store(tiny_store, tmp_path):
