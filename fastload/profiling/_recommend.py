@@ -710,11 +710,14 @@ def _store_rec(s: dict[str, Any], folder: dict[str, Any], *, tb: float, tcpu: fl
            f"{measured['store_ms']:.1f} ms of CPU per sample on {measured['files']} of these images as the store "
            f"holds them" + ("" if cuda else f", and normalising in the training process {norm:.2f} ms per sample "
                             "(no CUDA there)") + f"; predicted with {auto}")
+    # an upper bound, always: the store's own read is taken as free and nothing here can run the convert to check
+    # it (on a 240-PNG folder under load the applied lines measured 0.44-0.64 of the figure; docs/profile-advice.md)
     rec = {"change": f"pack into a fastload store + uint8 presets + fastload.DataLoader (fastload convert "
-                     f"{folder['root']} {store})", "stage": "store", "why": why, "expected_gain": gain, "code": code}
+                     f"{folder['root']} {store})", "stage": "store", "why": why, "expected_gain": gain, "code": code,
+           "bound": True}
+    rec["why"] += "; an upper bound: the store's own read is taken as free"
     if n > 0 and cores >= 1.2 and cores + min(n, tcpu / T) > cpus + 0.05:  # as shares_step_cpus in _recommend
-        rec["bound"] = True
-        rec["why"] += (f"; an upper bound: the step's {cores:.1f} threads would share CPUs with busy workers "
+        rec["why"] += (f", and the step's {cores:.1f} threads would share CPUs with busy workers "
                        f"(torch.set_num_threads({max(1, cpus - n)}) keeps the step off them)")
     if s["loader"].get("dataset") in FOLDER_DATASETS:
         rec.update(apply={"uint8_presets": True, **({"num_workers": n} if n != w_now else {})},

@@ -408,7 +408,9 @@ def _verify_fix(command: Sequence[str], out: Path, options: ProfileOptions, summ
         return result
 
     base = {"change": pick["change"], "apply": pick["apply"], "why": pick.get("verify_why", "the top recommendation"),
-            "predicted": pick["expected_gain"], "predicted_is_bound": bool(pick.get("bound")),
+            # the store's figure is a bound; what --verify-fix checks of it (the presets on the files) is a prediction
+            "predicted": pick["expected_gain"],
+            "predicted_is_bound": bool(pick.get("bound")) and pick.get("stage") != "store",
             **({"predicted_for": pick["verify_part"]} if pick.get("verify_part") else {}),
             **({"predicted_is_advice": True} if pick.get("advice") else {}),
             "profile": str(vdir / "profile.json")}
