@@ -54,7 +54,7 @@ def ray_cluster():
         raise
     # a short folder: Ray puts Unix sockets in it, and their paths are limited to 107 bytes
     tmp = tempfile.mkdtemp(prefix="fastload-ray-", dir="/tmp")
-    ctx = ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
                    _temp_dir=tmp, log_to_driver=False, configure_logging=False)
     try:
         yield ctx.address_info["gcs_address"]

@@ -240,6 +240,9 @@ class Cluster:
                     pass
         for node in self.nodes.values():
             _ip("netns", "del", node.netns, check=False)
+            temp = getattr(node, "cluster_temp", None)  # a short folder a test made for the node (Ray's sockets)
+            if temp:
+                shutil.rmtree(temp, ignore_errors=True)
         _ip("netns", "del", self.switch, check=False)
 
 

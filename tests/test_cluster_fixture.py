@@ -82,10 +82,21 @@ def test_a_cluster_fastload_starts_advertises_loopback(tmp_path):
     script.write_text(_PROBE)
     root = str(Path(__file__).parents[1])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
-    env.update(PYTHONPATH=os.pathsep.join([root, str(tmp_path)]), RAY_USAGE_STATS_ENABLED="0")
+    # a cluster `ray start` left on record in Ray's temp folder, long gone: a cluster fastload starts must not
+    # try to join it (ray.init without address="local" waited on its dead GCS until the caller gave up)
+    import tempfile
+
+    ray_tmp = Path(tempfile.mkdtemp(prefix="flrt", dir="/tmp"))  # short: Ray's socket paths are limited
+    (ray_tmp / "ray").mkdir()  # Ray's own folder under RAY_TMPDIR, where `ray start` records its cluster
+    (ray_tmp / "ray" / "ray_current_cluster").write_text("10.203.127.3:6379")
+    env.update(PYTHONPATH=os.pathsep.join([root, str(tmp_path)]), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=str(ray_tmp))
     setup = ("ip link set lo up && ip addr add 10.99.0.1/32 dev lo && ip route add default dev lo src 10.99.0.1 && "
              f"exec {sys.executable} {script}")
-    out = subprocess.run(["unshare", "-rn", "sh", "-c", setup], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        out = subprocess.run(["unshare", "-rn", "sh", "-c", setup], env=env, capture_output=True, text=True,
+                             timeout=300)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert out.returncode == 0, out.stdout + out.stderr
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["started"] and seen["gcs"].startswith("127.0.0.1:"), seen

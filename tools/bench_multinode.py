@@ -65,15 +65,17 @@ def _upload_tree(node, bucket, tree: Path, prefix: str) -> None:
 
 
 def _ray_env(node, bucket) -> dict[str, str]:
-    return dict(bucket.env, HOME=str(node.root / "home"), RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+    if not hasattr(node, "cluster_temp"):  # each node's Ray folder its own (see tests/load/test_multinode.py)
+        node.cluster_temp = tempfile.mkdtemp(prefix=f"flray{node.name}")
+    return dict(bucket.env, HOME=str(node.root / "home"), RAY_AUTH_MODE="token", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",
+                RAY_TMPDIR=node.cluster_temp)
 
 
 def _ray_head(a, bucket) -> None:
     (a.root / "home" / ".ray").mkdir(parents=True, exist_ok=True)
-    a.temp = tempfile.mkdtemp(prefix="flrayA")
     a.run([_bin("ray"), "get-auth-token", "--generate"], env=_ray_env(a, bucket))
     a.run([_bin("ray"), "start", "--head", f"--node-ip-address={a.address}", "--port=6379", "--num-cpus=1",
-           "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={a.temp}"], env=_ray_env(a, bucket))
+           "--include-dashboard=false", "--disable-usage-stats"], env=_ray_env(a, bucket))
 
 
 def _ray_worker(a, b, bucket, up: bool) -> None:

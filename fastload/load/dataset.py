@@ -183,6 +183,11 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
 
 def reads_by_shard(dataset: object) -> bool:
-    """True for a fastload dataset whose reader declares ``shard_ordered`` (a store in object storage):
-    a loader given no sampler reads it with a ``ShardSampler``."""
-    return isinstance(dataset, LMDBImageDataset) and dataset.reader.shard_ordered
+    """True for a dataset whose store reader declares ``shard_ordered`` (a store in object storage): a loader
+    given no sampler reads it with a ``ShardSampler``. The reader is the dataset's ``reader``: a fastload
+    dataset's own, or the one a user's wrapper around it hands on (``self.reader = inner.reader``), checked
+    against the ``Reader`` protocol, never a flag."""
+    from fastload.store.readers import Reader
+
+    reader = getattr(dataset, "reader", None)
+    return isinstance(reader, Reader) and bool(reader.shard_ordered)

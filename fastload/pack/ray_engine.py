@@ -38,7 +38,11 @@ def import_ray(*, local: bool):
 
 def start_local(ray) -> None:
     """Start a local cluster advertised on 127.0.0.1 only (after ``import_ray(local=True)``)."""
-    ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address="127.0.0.1")
+    # address="local": always a new cluster of its own. Without it ray.init joins the cluster named in
+    # /tmp/ray/ray_current_cluster, which any `ray start` on this machine leaves behind, even after that
+    # cluster is gone (it then waited on a dead GCS until the caller gave up)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _node_ip_address="127.0.0.1")
 
 
 def connect(engine):

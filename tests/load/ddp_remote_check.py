@@ -17,12 +17,12 @@ from fastload.store import cache
 
 
 class Indexed(torch.utils.data.Dataset):
-    """Sample indices, after a real read (crc32-checked) of each sample from the cache."""
-
-    remote = True
+    """Sample indices, after a real read (crc32-checked) of each sample from the cache. It hands on the reader
+    it reads through, so the loader picks the ShardSampler from what that reader declares."""
 
     def __init__(self, url, cache_dir, limit):
         self.ds = LMDBImageDataset(url, cache_dir=cache_dir, cache_limit=limit)
+        self.reader = self.ds.reader
         self.shard_sizes = self.ds.shard_sizes
 
     def prefetch_shards(self, shards):

@@ -214,8 +214,10 @@ def _ray_cluster_on(head, workers, bucket, *, check_refusal: bool = False) -> di
         node.cluster_temp = temp
         # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER: the loopback Ray tests' engine sets it to 0 in this process (a
         # local cluster stays on 127.0.0.1); a cluster of nodes needs Ray's default back
+        # RAY_TMPDIR: each node's Ray folder its own, as on separate machines (`ray start` records the cluster
+        # in /tmp/ray/ray_current_cluster otherwise, which a later plain ray.init() on this machine would join)
         envs[node.name] = dict(bucket.env, HOME=str(node.root / "home"), RAY_AUTH_MODE="token",
-                               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1")
+                               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_TMPDIR=temp)
     head.run([ray, "get-auth-token", "--generate"], env=envs[head.name])
     token = head.root / "home" / ".ray" / "auth_token"
     head.run([ray, "start", "--head", f"--node-ip-address={head.address}", "--port=6379", "--num-cpus=1",

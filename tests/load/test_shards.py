@@ -192,6 +192,29 @@ def batches_of(flat, b):
     return [flat[i:i + b] for i in range(0, len(flat), b)]
 
 
+def test_a_users_wrapper_handing_on_its_reader_gets_the_sampler_automatically(sharded_store):
+    """A user's dataset around a fastload one (returning indices, adding fields) hands on the reader it reads
+    through: the loader reads it by shards as it reads the store itself (the torchrun streaming test's
+    wrapper fell back to DistributedSampler when the choice stopped reading a flag)."""
+
+    class Wrapper(torch.utils.data.Dataset):
+        def __init__(self, inner):
+            self.inner, self.reader = inner, inner.reader
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getitem__(self, i):
+            return self.inner.targets[i]
+
+    ds = fastload.LMDBImageDataset(sharded_store)
+    ds.reader.shard_ordered = True
+    loader = fastload.DataLoader(Wrapper(ds), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3))
+    assert isinstance(loader.sampler, ShardSampler)
+    plain = fastload.DataLoader(ds.targets, batch_size=4, shuffle=True)  # no reader: torch's sampler
+    assert not isinstance(plain.sampler, ShardSampler)
+
+
 def test_a_reader_declaring_shard_order_gets_the_sampler_automatically(sharded_store):
     """What the loader looks at is what the dataset's reader declares (``shard_ordered``, as the
     remote reader does), not a flag on the dataset."""
