@@ -283,17 +283,35 @@ def _shard_sizes(node, bucket, url) -> list[int]:
                                      env=bucket.env).stdout.split()]
 
 
+def _running_task(node, name: str) -> bool:
+    """Whether a Ray worker of ``node`` is executing task ``name`` now (Ray titles it ``ray::NAME``)."""
+    for pid in node.pids():
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(f"ray::{name}".encode()):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def test_ray_worker_node_killed_mid_conversion_is_survived(netns_cluster, tiny_tree):
-    bucket, a, b, envs = _two_ray_nodes(netns_cluster, tiny_tree, 20)  # slow uploads: still converting when it dies
+    bucket, a, b, envs = _two_ray_nodes(netns_cluster, tiny_tree, 20)
+    # b on a slow link: its shard task (sources down, the shard up) takes long enough to be caught running;
+    # on 20 Mbit/s the whole conversion took 6 s and b could finish its tasks between a sign and the kill
+    b.shape(1)
     fastload = str(Path(sys.executable).with_name("fastload"))
-    sent = b.link_bytes()[1]
     driver = a.popen([fastload, "convert", "s3://src/tree/", "s3://dst/ray/", "--engine", "ray",
                       "--address", f"{a.address}:6379", "--num-shards", "8"], env=envs["a"],
                      log=a.root / "convert.log")
     deadline = time.monotonic() + 120
-    while b.link_bytes()[1] - sent < 20_000:  # b has started sending a shard up: a task of its is running
+    while not _running_task(b, "_shard_task"):  # a shard task is running on b
         assert driver.poll() is None and time.monotonic() < deadline, (a.root / "convert.log").read_text()[-3000:]
-        time.sleep(0.05)
+        time.sleep(0.02)
+    # and is fetching its sources from the bucket (after counting its attempt: a task killed before that is
+    # rerun uncounted). Bytes through b's link are no sign of it: Ray's own connections carry as much
+    endpoint = bucket.endpoint.split("//")[1]
+    while endpoint not in b.run(["ss", "-Htn", "state", "established"]).stdout:
+        assert driver.poll() is None and time.monotonic() < deadline, (a.root / "convert.log").read_text()[-3000:]
     b.kill()  # every process of the node, raylet and its workers included
     assert driver.wait(timeout=300) == 0, (a.root / "convert.log").read_text()[-3000:]
     said = (a.root / "convert.log").read_text()
