@@ -301,6 +301,18 @@ def _error(loc: RemoteLocation | str, doing: str, exc: BaseException) -> RemoteS
     return RemoteStoreError(f"{url}: {doing} failed: {what}.\nHINT: {hint}", url=url, reason=reason)
 
 
+@contextlib.contextmanager
+def _failing(loc: RemoteLocation, doing: str) -> Iterator[None]:
+    """Every failure inside the block is one ``RemoteStoreError`` naming ``loc`` and what was being done
+    (one already worded passes through)."""
+    try:
+        yield
+    except RemoteStoreError:
+        raise
+    except Exception as exc:
+        raise _error(loc, doing, exc) from None
+
+
 def _budget_text() -> str:
     try:
         return f"{retry_budget():g} s"
@@ -313,12 +325,8 @@ def get_bytes(url: str | RemoteLocation) -> bytes:
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
+    with _failing(loc, "reading"):
         return bytes(obstore.get(_store(loc, reads=True), loc.prefix).bytes())
-    except RemoteStoreError:
-        raise
-    except Exception as exc:
-        raise _error(loc, "reading", exc) from None
 
 
 def get_range(url: str | RemoteLocation, start: int, length: int) -> bytes:
@@ -326,12 +334,8 @@ def get_range(url: str | RemoteLocation, start: int, length: int) -> bytes:
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
+    with _failing(loc, f"reading bytes {start}..{start + length}"):
         return bytes(obstore.get_range(_store(loc, reads=True), loc.prefix, start=start, length=length))
-    except RemoteStoreError:
-        raise
-    except Exception as exc:
-        raise _error(loc, f"reading bytes {start}..{start + length}", exc) from None
 
 
 def open_reader(url: str | RemoteLocation):
@@ -339,12 +343,8 @@ def open_reader(url: str | RemoteLocation):
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
+    with _failing(loc, "opening"):
         return _Reader(obstore.open_reader(_store(loc, reads=True), loc.prefix, buffer_size=4 << 20))
-    except RemoteStoreError:
-        raise
-    except Exception as exc:
-        raise _error(loc, "opening", exc) from None
 
 
 class _Reader(io.RawIOBase):
@@ -386,12 +386,8 @@ def put_bytes(url: str | RemoteLocation, data: bytes) -> None:
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
+    with _failing(loc, "writing"):
         obstore.put(_store(loc), loc.prefix, data)
-    except RemoteStoreError:
-        raise
-    except Exception as exc:
-        raise _error(loc, "writing", exc) from None
 
 
 def upload_file(path: str | os.PathLike[str], url: str | RemoteLocation) -> None:
@@ -399,12 +395,8 @@ def upload_file(path: str | os.PathLike[str], url: str | RemoteLocation) -> None
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
+    with _failing(loc, f"uploading {path}"):
         obstore.put(_store(loc), loc.prefix, Path(path), chunk_size=_MULTIPART, use_multipart=None)
-    except RemoteStoreError:
-        raise
-    except Exception as exc:
-        raise _error(loc, f"uploading {path}", exc) from None
 
 
 class _BodyBroken(Exception):
@@ -524,21 +516,16 @@ def stat(url: str | RemoteLocation) -> tuple[int, str] | None:
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
-        meta = obstore.head(_store(loc, reads=True), loc.prefix)
-        return int(meta["size"]), _version(meta)
-    except RemoteStoreError:
-        raise
-    except FileNotFoundError as exc:
-        if "NoSuchBucket" in str(exc):
-            raise _error(loc, "looking up", exc) from None
-    except Exception as exc:
-        raise _error(loc, "looking up", exc) from None
+    with _failing(loc, "looking up"):
+        try:
+            meta = obstore.head(_store(loc, reads=True), loc.prefix)
+            return int(meta["size"]), _version(meta)
+        except FileNotFoundError as exc:
+            if "NoSuchBucket" in str(exc):
+                raise
     parent = RemoteLocation(loc.scheme, loc.bucket, loc.prefix.rsplit("/", 1)[0] if "/" in loc.prefix else "")
-    try:  # one page of one key is enough to raise NoSuchBucket
+    with _failing(loc, "looking up"):  # one page of one key is enough to raise NoSuchBucket
         next(iter(obstore.list(_store(loc, reads=True), prefix=parent.prefix or None, chunk_size=1)), None)
-    except Exception as exc:
-        raise _error(loc, "looking up", exc) from None
     return None
 
 
@@ -575,17 +562,13 @@ def list_objects(url: str | RemoteLocation) -> list[tuple[str, int, str]]:
     memo = _LISTED
     if memo is not None and str(loc) in memo:
         return memo[str(loc)]
-    try:
+    with _failing(loc, "listing"):
         store = _store(loc, reads=True)
         out = []
         for batch in obstore.list(store, prefix=loc.prefix or None, chunk_size=1000):
             for meta in batch:
                 out.append((str(RemoteLocation(loc.scheme, loc.bucket, meta["path"])), int(meta["size"]),
                             _version(meta)))
-    except RemoteStoreError:
-        raise
-    except Exception as exc:
-        raise _error(loc, "listing", exc) from None
     out.sort()
     if memo is not None:
         memo[str(loc)] = out
@@ -602,11 +585,8 @@ def delete(url: str | RemoteLocation) -> None:
     import obstore
 
     loc = RemoteLocation.parse(url)
-    try:
-        obstore.delete(_store(loc), loc.prefix)
-    except RemoteStoreError:
-        raise
-    except FileNotFoundError:
-        return
-    except Exception as exc:
-        raise _error(loc, "deleting", exc) from None
+    with _failing(loc, "deleting"):
+        try:
+            obstore.delete(_store(loc), loc.prefix)
+        except FileNotFoundError:
+            return
