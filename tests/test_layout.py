@@ -216,3 +216,26 @@ def test_a_circle_inside_a_room_is_reported_at_any_length(tmp_path, files, expec
 ])
 def test_an_import_of_another_rooms_private_module_is_reported(tmp_path, files, bad):
     assert bool(private_imports(_tree(tmp_path, files))) == bad
+
+
+def test_the_default_image_size_is_named_once():
+    """224 (and eval's 256) as a default is written in one place, ``fastload.image.DEFAULT_SIZE``: a default
+    written as a literal elsewhere would stay behind when that one changes."""
+    literal = re.compile(r"\b(?:size|resize|image_size)\s*:\s*int\s*=\s*(?:224|256)\b|default=224\b|"
+                         r"Transform\(224")
+    found = [f"{path.relative_to(ROOT)}:{n}" for path in sorted((ROOT / "fastload").rglob("*.py"))
+             if path != ROOT / "fastload" / "image" / "__init__.py"
+             for n, line in enumerate(path.read_text().splitlines(), 1) if literal.search(line)]
+    assert found == []
+
+
+def test_the_named_default_size_reaches_presets_pipelines_and_commands():
+    from click.testing import CliRunner
+
+    from fastload.cli import main
+    from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
+    from fastload.load.transforms import EvalTransform, TrainTransform
+
+    assert TrainTransform().size == DEFAULT_SIZE and EvalTransform().resize == DEFAULT_RESIZE
+    help_text = " ".join(CliRunner().invoke(main, ["convert", "--help"]).output.split())
+    assert f"is for. [default: {DEFAULT_SIZE}; x>=8]" in help_text

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["DecodeBench", "DecodeBenchOptions", "bench_decode"]
 
@@ -42,7 +43,7 @@ class DecodeBenchOptions:
 
     images: int = 200
     rounds: int = 5
-    size: int = 224
+    size: int = DEFAULT_SIZE
     seed: int = 0
 
     def __post_init__(self) -> None:

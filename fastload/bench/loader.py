@@ -53,6 +53,7 @@ from fastload.measure.rounds import interleave
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
            "store_floors", "ALL_PATHS"]
@@ -83,7 +84,7 @@ class LoaderBenchOptions:
 
     workers: int = 2
     batch_size: int = 64
-    image_size: int = 224
+    image_size: int = DEFAULT_SIZE
     batches: int = 30
     warmup: int = 4
     rounds: int = 3

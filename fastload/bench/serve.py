@@ -46,6 +46,7 @@ import torch
 
 from fastload.stats import percentiles
 from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["ServeBenchOptions", "bench_serve", "run_load", "format_table", "PillowEval", "CONFIGS"]
 
@@ -67,7 +68,7 @@ class ServeBenchOptions:
     rounds: int = 2
     duration_s: float = 5.0
     max_requests: int = 5000
-    image_size: int = 224
+    image_size: int = DEFAULT_SIZE
     workers: int | None = None
     max_queue: int = DEFAULT_MAX_QUEUE
     device: str = "cpu"

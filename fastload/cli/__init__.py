@@ -7,7 +7,8 @@ becomes ``error: <message>`` on stderr and exit status 1; Ctrl-C exits with 130 
 saying how to resume. Defaults come from the options dataclasses; heavy modules are
 imported inside commands so ``fastload --help`` stays fast.
 
-Must not: do work a library function should do; import a room at module level.
+Must not: do work a library function should do; import a room at module level (one exception:
+``fastload.image.DEFAULT_SIZE``, the named default size, whose package imports nothing).
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ from pathlib import Path
 import click
 
 from fastload.cli._common import friendly
+from fastload.image import DEFAULT_SIZE
 
 
 @click.command()
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True,
               help="Batch size for the pinned-memory estimate.")
-@click.option("--image-size", type=click.IntRange(min=8), default=224, show_default=True)
+@click.option("--image-size", type=click.IntRange(min=8), default=DEFAULT_SIZE, show_default=True)
 @click.option("--prefetch-factor", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @friendly

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from fastload.cli._common import Default, friendly, printable
+from fastload.image import DEFAULT_SIZE
 
 # the options dataclasses the defaults are read from (imported when a default is needed)
 CONVERT = "fastload.pack.convert:ConvertOptions"
@@ -32,7 +33,7 @@ CONVERT = "fastload.pack.convert:ConvertOptions"
 @click.option("--lossless", is_flag=True,
               help="Keep non-JPEG sources (PNG, WebP, TIFF, ...) pixel-exact as PNG. By default they are stored as "
                    "JPEG q95 4:4:4, which loads about 4-5x faster (see `fastload bench encode`); the PSNR is reported.")
-@click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
+@click.option("--train-size", type=click.IntRange(min=8), default=DEFAULT_SIZE, show_default=True,
               help="Training crop size the --max-side advice printed after the conversion is for.")
 @click.option("--shuffle/--no-shuffle", default=False, help="Write samples in a seeded random order.")
 @click.option("--seed", type=int, default=Default(CONVERT, "seed"), show_default=True, help="Seed for --shuffle.")
@@ -266,7 +267,7 @@ def verify(store: Path, no_decode: bool, decoders: str, workers, as_json: bool, 
 @click.command()
 @click.argument("store")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON.")
-@click.option("--train-size", type=click.IntRange(min=8), default=224, show_default=True,
+@click.option("--train-size", type=click.IntRange(min=8), default=DEFAULT_SIZE, show_default=True,
               help="Training crop size for the --max-side advice.")
 @click.option("--advise/--no-advise", default=True, show_default=True,
               help="Sample the store and, when its images are far larger than --train-size needs, measure and "

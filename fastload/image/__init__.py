@@ -1,5 +1,11 @@
-"""Bytes to pixels, one policy for every room: ``formats.py`` (recognising bytes, raw records),
-``damage.py`` (damaged or odd), ``policy.py`` (reference decode, the bomb limit, what is
-stored as-is) and ``fast.py`` (the fast CPU decoders, thread-safe).
+"""Bytes to pixels, one policy for every room: recognising bytes and raw records, damaged or odd
+images, the reference decode and what is stored as-is, the fast CPU decoders (the modules: docs/layout.md).
+
+Also the one named default image size: every preset, pipeline, benchmark and command that takes a
+size defaults to ``DEFAULT_SIZE`` (ImageNet's 224-px crop; evaluation resizes the shorter side to
+``DEFAULT_RESIZE`` first). Named here, the lowest room every one of them may import, and cheap to import.
 
 Must not: import torch at import time or anything from the rooms above (``store/`` and up)."""
+
+DEFAULT_SIZE = 224
+DEFAULT_RESIZE = 256

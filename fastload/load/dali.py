@@ -69,6 +69,7 @@ from fastload.load._shard_order import DEFAULT_WINDOW, ShardOrder
 from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
+from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = ["DALILoader", "DALIOptions", "dali_available"]
 
@@ -138,7 +139,7 @@ class DALIOptions:
         window: shards whose samples are shuffled together when reading by shards.
     """
 
-    resize: int = 256
+    resize: int = DEFAULT_RESIZE
     py_workers: int = 1
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
@@ -204,7 +205,7 @@ class DALILoader:
             relative path (or the file).
     """
 
-    def __init__(self, source: str | os.PathLike[str], batch_size: int, *, train: bool = True, size: int = 224,
+    def __init__(self, source: str | os.PathLike[str], batch_size: int, *, train: bool = True, size: int = DEFAULT_SIZE,
                  device: str = "auto", num_threads: int | str = "auto", seed: int = 0, shuffle: bool | None = None,
                  drop_last: bool = False, on_error: str = "raise", return_index: bool = False,
                  options: DALIOptions | None = None) -> None:

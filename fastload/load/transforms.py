@@ -35,6 +35,7 @@ import torch
 from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
 from fastload.image.policy import mode_to_rgb
 from fastload.marks import timed
+from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
@@ -206,7 +207,7 @@ class TrainTransform:
         flip_p: probability of a horizontal flip.
     """
 
-    def __init__(self, size: int = 224, *, scale: tuple[float, float] = (0.08, 1.0),
+    def __init__(self, size: int = DEFAULT_SIZE, *, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.5) -> None:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
@@ -297,7 +298,7 @@ class EvalTransform:
     Same output sizes and crop offsets as ``Compose([Resize(resize), CenterCrop(size)])``.
     """
 
-    def __init__(self, size: int = 224, resize: int = 256) -> None:
+    def __init__(self, size: int = DEFAULT_SIZE, resize: int = DEFAULT_RESIZE) -> None:
         if size < 1 or resize < size:
             raise ValueError(f"need 1 <= size <= resize, got size={size}, resize={resize}")
         self.size, self.resize = size, resize
@@ -335,12 +336,12 @@ class EvalTransform:
         return f"EvalTransform(size={self.size}, resize={self.resize})"
 
 
-def train_transform(size: int = 224, **kwargs) -> TrainTransform:
+def train_transform(size: int = DEFAULT_SIZE, **kwargs) -> TrainTransform:
     """The training preset: ``TrainTransform(size, scale=..., ratio=..., flip_p=...)``."""
     return TrainTransform(size, **kwargs)
 
 
-def eval_transform(size: int = 224, resize: int = 256) -> EvalTransform:
+def eval_transform(size: int = DEFAULT_SIZE, resize: int = DEFAULT_RESIZE) -> EvalTransform:
     """The evaluation preset: ``EvalTransform(size, resize)``."""
     return EvalTransform(size, resize)
 

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["MaxSideAdvice", "max_side_advice", "recommended_max_side", "FAR_LARGER"]
 
@@ -84,7 +85,7 @@ class MaxSideAdvice:
         return asdict(self) | {"worthwhile": self.worthwhile}
 
 
-def max_side_advice(store: str | os.PathLike[str], *, size: int = 224, sample: int = 8, rounds: int = 3,
+def max_side_advice(store: str | os.PathLike[str], *, size: int = DEFAULT_SIZE, sample: int = 8, rounds: int = 3,
                     seed: int = 0) -> MaxSideAdvice:
     """Sample ``store`` and, when its images are far larger than training at ``size`` needs,
     measure what ``--max-side`` would buy (see the module docstring).

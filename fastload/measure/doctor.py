@@ -16,6 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastload.measure.env import environment, package_version
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["doctor_report", "format_doctor", "package_version", "PINNED_FRACTION"]
 
@@ -28,7 +29,7 @@ def _ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def doctor_report(*, batch_size: int = 256, image_size: int = 224, prefetch_factor: int = 2) -> dict[str, Any]:
+def doctor_report(*, batch_size: int = 256, image_size: int = DEFAULT_SIZE, prefetch_factor: int = 2) -> dict[str, Any]:
     """Everything ``fastload doctor`` prints, as a dict (``--json`` writes it as is)."""
     import torch
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from fastload.errors import RecipeError
 from fastload.measure.stages import FOLDER_STAGES, STAGE_TYPES
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["STAGE_TYPES", "Recipe", "RecipeData", "RecipeRun", "RecipeStage", "load_recipe", "StageOutcome",
            "run_recipe", "prepare_data"]
@@ -94,7 +95,7 @@ class RecipeRun:
     step_ms: float | None = None
     host_ms: float | None = None
     batch_size: int = 64
-    image_size: int = 224
+    image_size: int = DEFAULT_SIZE
     steps: int = 30
     warmup: int = 5
     device: str = "auto"

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import FastloadError
+from fastload.image import DEFAULT_SIZE
 
 __all__ = ["STAGE_TYPES", "StageData", "StageOptions", "BuiltStage", "build_stage", "skip_reason", "running",
            "shutdown", "torchvision_train_transform"]
@@ -69,7 +70,7 @@ class StageOptions:
     """
 
     batch_size: int
-    image_size: int = 224
+    image_size: int = DEFAULT_SIZE
     workers: int | str | None = None
     prefetch_factor: int | None = None
     device: Any = "cpu"

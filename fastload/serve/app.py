@@ -35,6 +35,7 @@ from fastload.errors import ServeError
 from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES
 from fastload.serve.routes import FrontOptions
+from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = ["ServeOptions", "run_server", "build_router"]
 
@@ -59,8 +60,8 @@ class ServeOptions:
     replicas: int = 1
     cpu_fallback: bool = True
     workers: int | None = None
-    size: int = 224
-    resize: int = 256
+    size: int = DEFAULT_SIZE
+    resize: int = DEFAULT_RESIZE
     gpu_decode_min_batch: int | None = None
     dtype: str = "fp32"
     max_pixels: int = SERVE_MAX_PIXELS

@@ -40,6 +40,7 @@ from fastload.serve.metrics import StageHistograms, trace_events
 from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, BatchPolicy, RequestTiming
 from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES, check_request_pixels, decode_request, pick_device
 from fastload.stats import percentiles
+from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "SERVE_MAX_PIXELS"]
 
@@ -80,7 +81,7 @@ class DynamicBatcher:
     Args:
         model: an ``nn.Module`` (or callable) taking a float NCHW batch, returning a
             tensor whose first dimension is the batch.
-        preprocess: bytes → uint8 CHW tensor; default ``EvalTransform(224, 256)`` — the
+        preprocess: bytes → uint8 CHW tensor; default ``EvalTransform()`` (``DEFAULT_SIZE``, ``DEFAULT_RESIZE``) — the
             evaluation preset training uses, so serving sees exactly the training tensors.
         max_batch: largest batch sent to the model.
         max_wait_ms: how long the oldest ready request may wait for others (0: greedy).
@@ -120,7 +121,7 @@ class DynamicBatcher:
         if max_pixels < 1:
             raise ValueError(f"max_pixels must be >= 1, got {max_pixels}")
         self.model = model
-        self.preprocess = preprocess or EvalTransform(224, 256)
+        self.preprocess = preprocess or EvalTransform(DEFAULT_SIZE, DEFAULT_RESIZE)
         self.policy = BatchPolicy(max_batch, max_wait_ms / 1e3)
         self.max_queue = max_queue
         self.device = pick_device(device)
@@ -152,7 +153,7 @@ class DynamicBatcher:
     # ---- lifecycle ------------------------------------------------------------------------
 
     def _dummy_batch(self) -> torch.Tensor:
-        size = getattr(self.preprocess, "size", 224)
+        size = getattr(self.preprocess, "size", DEFAULT_SIZE)
         return torch.zeros(self.policy.max_batch, 3, size, size, dtype=torch.uint8)
 
     def probe(self) -> float:
