@@ -1,16 +1,13 @@
 """The ``fastload`` command line: parse, build options, call one library function, print.
 
-One module per command group: ``store.py`` (convert, verify, inspect, dataset),
-``measure.py`` (doctor, recipe), ``profiling.py`` (profile), ``serve.py`` (serve),
-``bench.py`` (bench ...); what they share is in ``_common.py``. Every fastload error
-becomes ``error: <message>`` on stderr and exit status 1; Ctrl-C exits with 130 after
-saying how to resume. Defaults come from the options dataclasses; heavy modules are
-imported inside commands so ``fastload --help`` stays fast.
+One module per command group (the list: docs/layout.md). Every fastload error becomes
+``error: <message>`` on stderr and exit status 1; Ctrl-C exits with 130 after saying how to
+resume. Defaults come from the options dataclasses; heavy modules are imported inside
+commands so ``fastload --help`` stays fast.
 
 Must not: do work a library function should do; import a room at module level (one exception:
 ``fastload.image.DEFAULT_SIZE``, the named default size, whose package imports nothing).
 """
-
 from __future__ import annotations
 
 import click

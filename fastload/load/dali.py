@@ -529,26 +529,24 @@ class DALILoader:
         """
         pending = getattr(self, "_resume_plan", None)
         if pending is not None:
-            return dict(pending)
+            return pending.to_dict()
         pos = getattr(self, "_resume_pos", None)
-        sd = {"format": _state.DALI_STATE_FORMAT, "version": _state.STATE_VERSION,
-              "source": "store" if self.from_store else "folder", "len": self._resume_len(),
-              "identity": self._resume_identity(), "seed": self.seed, "shuffle": self.shuffle,
-              "batch_size": self.batch_size, "world": self.num_shards, "epoch": self.epoch, "batches": 0,
-              "order": None, "shards": self._shards_setting()}
+        epoch, batches, saved = self.epoch, 0, None
         if pos is not None:
             epoch, batches, order = pos
-            sd.update(epoch=epoch, batches=batches)
             if order is not None:
                 step = min((batches - order["batches_before"]) * self.batch_size, order["rank_len"])
                 if "sampler" in order:  # by shards: the ShardOrder's segments, the last one advanced
                     sampler = dict(order["sampler"], segments=[list(x) for x in order["sampler"]["segments"]])
                     sampler["segments"][-1][1] += step
-                    sd["order"] = {"sampler": sampler}
+                    saved = _state.DALIShardOrder(sampler)
                 else:
-                    sd["order"] = {"start": order["start"], "world": order["world"],
-                                   "consumed": order["consumed"] + order["world"] * step}
-        return sd
+                    saved = _state.DALIGlobalOrder(start=order["start"], world=order["world"],
+                                                   consumed=order["consumed"] + order["world"] * step)
+        return _state.DALIState(source="store" if self.from_store else "folder", len=self._resume_len(),
+                                identity=self._resume_identity(), seed=self.seed, shuffle=self.shuffle,
+                                batch_size=self.batch_size, epoch=epoch, batches=batches, order=saved,
+                                world=self.num_shards, shards=self._shards_setting()).to_dict()
 
     def _shards_setting(self) -> dict | None:
         """How the epoch is ordered, as saved in a state: None (global) or ``{"window": w}`` (by shards)."""
@@ -579,33 +577,33 @@ class DALILoader:
                                      length=self._resume_len(), identity=self._resume_identity(),
                                      seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
                                      world=self.num_shards, shards=self._shards_setting())
-        if not self.from_store and self.shuffle and sd["epoch"] > 0 and sd["batches"] > 0:
+        if not self.from_store and self.shuffle and sd.epoch > 0 and sd.batches > 0:
             raise ResumeStateError(
-                f"{self.source}: a mid-epoch state of epoch {sd['epoch']} from a shuffled folder cannot be "
+                f"{self.source}: a mid-epoch state of epoch {sd.epoch} from a shuffled folder cannot be "
                 "resumed exactly: DALI's file reader reshuffles with its own RNG.\nHINT: pack the folder with "
                 "`fastload convert` and read the store (exact resume), or resume from an epoch boundary.")
         self.close()
-        self.epoch = sd["epoch"]
+        self.epoch = sd.epoch
         self._resume_pos = None
         self._resume_plan = sd
 
     def _resume_iter(self):
         plan, self._resume_plan = getattr(self, "_resume_plan", None), None
-        epoch = plan["epoch"] if plan is not None else self.epoch
+        epoch = plan.epoch if plan is not None else self.epoch
         skip, order, restore = 0, None, None
-        if plan is not None and plan["batches"] and self.from_store:
+        if plan is not None and plan.batches and self.from_store:
             order = self._resume_remaining(plan)
             restore = self.samples_per_epoch
             self.samples_per_epoch = self._src.resume(epoch, order.pop("remaining"))
         elif plan is not None and self.from_store:
             self._src.epoch_offset, self._src.first = epoch, None
         elif plan is not None:
-            skip = plan["batches"]
+            skip = plan.batches
         if order is None and self.by_shards:
             order = {"sampler": self._src.shard_order(epoch).state_dict(), "rank_len": self._src.per_rank}
         elif order is None and self.from_store:
             order = {"start": 0, "world": self.num_shards, "consumed": 0, "rank_len": self._src.per_rank}
-        batches = plan["batches"] if plan is not None else 0
+        batches = plan.batches if plan is not None else 0
         if order is not None:
             order["batches_before"] = batches
         self._resume_pos = (epoch, batches, order)
@@ -628,24 +626,24 @@ class DALILoader:
                 self.samples_per_epoch = restore
                 self._src.first, self._src.epoch_offset = None, epoch + 1
 
-    def _resume_remaining(self, plan: dict) -> dict:
+    def _resume_remaining(self, plan: _state.DALIState) -> dict:
         """This rank's indices left in the saved epoch (the elastic rule), and the new segment."""
-        saved = plan["order"]
+        saved = plan.order
         if self.by_shards:  # ShardOrder's own elastic rule, from the saved segments
-            if saved is None or "sampler" not in saved:
+            if not isinstance(saved, _state.DALIShardOrder):
                 raise ResumeStateError(f"{self.source}: a mid-epoch state without the position of a shard-ordered "
                                        "epoch.\nHINT: the checkpoint was damaged or edited; resume from an "
                                        "earlier one.")
-            rest = self._src.shard_order(plan["epoch"], saved["sampler"])
+            rest = self._src.shard_order(plan.epoch, saved.to_dict()["sampler"])
             mine = rest.order()
             return {"sampler": rest.state_dict(), "rank_len": len(mine), "remaining": mine}
-        perm = self._src.global_order(plan["epoch"]).tolist()
+        perm = self._src.global_order(plan.epoch).tolist()
         world = self.num_shards
         if saved is None:
-            saved = {"start": 0, "world": world, "consumed": plan["batches"] * self.batch_size * world}
-        if world == saved["world"]:
-            start, consumed = saved["start"], saved["consumed"]
+            saved = _state.DALIGlobalOrder(start=0, world=world, consumed=plan.batches * self.batch_size * world)
+        if world == saved.world:
+            start, consumed = saved.start, saved.consumed
         else:
-            start, consumed = saved["start"] + min(saved["consumed"], len(perm) - saved["start"]), 0
+            start, consumed = saved.start + min(saved.consumed, len(perm) - saved.start), 0
         mine = _state.segment(perm, start, world, False)[consumed + self.shard_id::world]
         return {"start": start, "world": world, "consumed": consumed, "rank_len": len(mine), "remaining": mine}

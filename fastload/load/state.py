@@ -72,7 +72,8 @@ from fastload.load.replay import (SampleIndex, dataset_identity, files_identity,
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "check_state", "LoaderState", "DatasetFacts", "ReplayOrder",
            "DistributedOrder", "WorkerStates", "FetcherState", "dataset_identity", "mix_seed", "segment",
            "global_order", "SampleIndex", "rng_snapshot", "rng_restore", "mismatch_error", "check_dali_state",
-           "files_identity", "DALI_STATE_FORMAT"]
+           "files_identity", "DALI_STATE_FORMAT", "DALIState", "DALIShardOrder",
+           "DALIGlobalOrder"]
 
 STATE_FORMAT = "fastload.DataLoader"
 DALI_STATE_FORMAT = "fastload.DALILoader"
@@ -95,8 +96,8 @@ def _b64(state: bytes | None) -> str | None:
     return None if state is None else base64.b64encode(state).decode("ascii")
 
 
-def _corrupt(path: str, problem: str) -> ResumeStateError:
-    return ResumeStateError(f"corrupt fastload.DataLoader state: invalid [{path}]: {problem}.\n{_CORRUPT_HINT}")
+def _corrupt(path: str, problem: str, what: str = STATE_FORMAT) -> ResumeStateError:
+    return ResumeStateError(f"corrupt {what} state: invalid [{path}]: {problem}.\n{_CORRUPT_HINT}")
 
 
 def _describe(value: Any) -> str:
@@ -107,18 +108,19 @@ def _describe(value: Any) -> str:
 class _Reader:
     """Reads one mapping of a state, naming every field it rejects by its path (``'order']['rng'``)."""
 
-    def __init__(self, sd: Any, path: str, fields: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
-        self.path = path
+    def __init__(self, sd: Any, path: str, fields: tuple[str, ...], optional: tuple[str, ...] = (), *,
+                 what: str = STATE_FORMAT) -> None:
+        self.path, self.what = path, what
         if not isinstance(sd, Mapping):
-            raise _corrupt(path, f"expected a dict, got {_describe(sd)}")
+            raise _corrupt(path, f"expected a dict, got {_describe(sd)}", what)
         self.sd = sd
         missing = [k for k in fields if k not in sd]
         if missing:
             where = f" in [{path}]" if path else ""
-            raise ResumeStateError(f"corrupt fastload.DataLoader state: missing {missing}{where}.\n{_CORRUPT_HINT}")
+            raise ResumeStateError(f"corrupt {what} state: missing {missing}{where}.\n{_CORRUPT_HINT}")
         extra = sorted(str(k) for k in sd if k not in fields and k not in optional)
         if extra:
-            raise _corrupt(path or "'<top>'", f"unknown fields {extra} (not written by fastload)")
+            raise _corrupt(path or "'<top>'", f"unknown fields {extra} (not written by fastload)", what)
 
     def _name(self, key: str) -> str:
         return f"{self.path}][{key!r}" if self.path else repr(key)
@@ -131,15 +133,17 @@ class _Reader:
         if v is None and none:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
-            raise _corrupt(self._name(key), f"expected an int{' or None' if none else ''}, got {_describe(v)}")
+            raise _corrupt(self._name(key), f"expected an int{' or None' if none else ''}, got {_describe(v)}",
+                           self.what)
         if (low is not None and v < low) or (high is not None and v >= high):
-            raise _corrupt(self._name(key), f"{v} is out of range [{low}, {high if high is not None else 'inf'})")
+            raise _corrupt(self._name(key), f"{v} is out of range [{low}, {high if high is not None else 'inf'})",
+                           self.what)
         return v
 
     def bool(self, key: str) -> bool:
         v = self.sd.get(key)
         if not isinstance(v, bool):
-            raise _corrupt(self._name(key), f"expected True or False, got {_describe(v)}")
+            raise _corrupt(self._name(key), f"expected True or False, got {_describe(v)}", self.what)
         return v
 
     def str(self, key: str, *, none: bool = False, choices: tuple[str, ...] = ()) -> str | None:
@@ -148,7 +152,8 @@ class _Reader:
             return None
         if not isinstance(v, str) or (choices and v not in choices):
             want = f"one of {list(choices)}" if choices else "a str"
-            raise _corrupt(self._name(key), f"expected {want}{' or None' if none else ''}, got {_describe(v)}")
+            raise _corrupt(self._name(key), f"expected {want}{' or None' if none else ''}, got {_describe(v)}",
+                           self.what)
         return v
 
     def rng(self, key: str, *, none: bool = False, path: str | None = None) -> bytes | None:
@@ -464,45 +469,137 @@ def check_state(sd: Any, *, kind: str, length: int | None, identity: str | None,
     return st
 
 
-def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,
-                     batch_size: int, world: int, shards: dict | None = None) -> dict:
-    """Validate a ``DALILoader`` state (format ``fastload.DALILoader``); return it as a dict.
+# ---- the DALILoader's state: the same reader, mismatch rule and hints --------------------------
 
-    ``shards``: how the loader orders an epoch (None: one global permutation; ``{"window": w}``:
-    by shards); a state without the field was saved by a loader that ordered globally.
+_DALI = DALI_STATE_FORMAT
+_SHARD_ORDER_FIELDS = ("format", "seed", "epoch", "shuffle", "window", "drop_last", "sizes", "samples", "segments")
+
+
+def _read_shard_order(sd: Any, path: str) -> dict:
+    """A ``ShardOrder`` state inside a DALI state, each field checked (``ShardOrder.resume_from`` then
+    checks that it fits the store and settings)."""
+    r = _Reader(sd, path, _SHARD_ORDER_FIELDS, what=_DALI)
+    out = {"format": r.str("format", choices=("fastload.ShardSampler",)), "seed": r.int("seed", low=None),
+           "epoch": r.int("epoch"), "shuffle": r.bool("shuffle"), "window": r.int("window", low=1),
+           "drop_last": r.bool("drop_last"), "sizes": r.int("sizes", low=1), "samples": r.int("samples")}
+    segments = sd["segments"]
+    if (not isinstance(segments, (list, tuple)) or not segments
+            or any(not isinstance(x, (list, tuple)) or len(x) != 2
+                   or any(isinstance(v, bool) or not isinstance(v, int) for v in x) or x[0] < 1 or x[1] < 0
+                   for x in segments)):
+        raise _corrupt(f"{path}]['segments'", f"expected a non-empty list of [world >= 1, start >= 0] pairs, got "
+                                              f"{_describe(segments)}", _DALI)
+    out["segments"] = [list(x) for x in segments]
+    return out
+
+
+@dataclass(frozen=True)
+class DALIShardOrder:
+    """A shard-ordered DALI epoch: the ``ShardOrder``'s own state (its segments, the last one advanced)."""
+
+    sampler: Mapping[str, Any]
+
+    def to_dict(self) -> dict:
+        return {"sampler": {**self.sampler, "segments": [list(x) for x in self.sampler["segments"]]}}
+
+
+@dataclass(frozen=True)
+class DALIGlobalOrder:
+    """A globally ordered DALI epoch's segment: the same elastic rule as ``DistributedOrder``."""
+
+    start: int
+    world: int
+    consumed: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class DALIState:
+    """A ``fastload.DALILoader`` state, typed: read by the same field reader as ``LoaderState`` (every
+    field checked, the bad one named), checked against the loader with the same mismatch rule.
+
+    ``shards``: how the loader orders an epoch (None: one global permutation; ``{"window": w}``: by
+    shards); a state without the field was saved by a loader that ordered globally. ``world``: absent
+    in states saved before it was written (a folder's world size is then not checked).
+    """
+
+    source: str                      # "store" | "folder"
+    len: int
+    identity: str | None
+    seed: int
+    shuffle: bool
+    batch_size: int
+    epoch: int
+    batches: int
+    order: DALIShardOrder | DALIGlobalOrder | None
+    world: int | None = None
+    shards: Mapping[str, int] | None = None
+
+    REQUIRED: ClassVar[tuple[str, ...]] = ("source", "len", "identity", "seed", "shuffle", "batch_size", "epoch",
+                                           "batches", "order")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("world", "shards")
+
+    @classmethod
+    def from_dict(cls, sd: Any) -> DALIState:
+        """Raises: ResumeStateError: not a DALILoader state, another version, or a field is corrupt (named)."""
+        if not isinstance(sd, Mapping) or sd.get("format") != _DALI:
+            got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
+            raise ResumeStateError(f"not a fastload.DALILoader state: got {got}.\nHINT: pass what "
+                                   "DALILoader.state_dict() returned.")
+        if sd.get("version") != STATE_VERSION:
+            raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
+                                   f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
+        r = _Reader(sd, "", ("format", "version", *cls.REQUIRED), optional=cls.OPTIONAL, what=_DALI)
+        shards = sd.get("shards")
+        if shards is not None:
+            shards = {"window": _Reader(shards, "'shards'", ("window",), what=_DALI).int("window", low=1)}
+        order_sd, order = sd["order"], None
+        if order_sd is not None and shards is not None:  # by shards: the ShardOrder's own state
+            _Reader(order_sd, "'order'", ("sampler",), what=_DALI)
+            order = DALIShardOrder(_read_shard_order(order_sd["sampler"], "'order']['sampler'"))
+        elif order_sd is not None:
+            o = _Reader(order_sd, "'order'", ("start", "world", "consumed"), what=_DALI)
+            order = DALIGlobalOrder(start=o.int("start"), world=o.int("world", low=1), consumed=o.int("consumed"))
+        return cls(source=r.str("source", choices=("store", "folder")), len=r.int("len"),
+                   identity=r.str("identity", none=True), seed=r.int("seed", low=None), shuffle=r.bool("shuffle"),
+                   batch_size=r.int("batch_size", low=1), epoch=r.int("epoch"), batches=r.int("batches"),
+                   order=order, world=r.int("world", low=1, none=True), shards=shards)
+
+    def to_dict(self) -> dict:
+        sd = {"format": _DALI, "version": STATE_VERSION, "source": self.source, "len": self.len,
+              "identity": self.identity, "seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size,
+              "world": self.world, "epoch": self.epoch, "batches": self.batches,
+              "order": self.order.to_dict() if self.order is not None else None,
+              "shards": dict(self.shards) if self.shards is not None else None}
+        return sd
+
+
+def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,
+                     batch_size: int, world: int, shards: dict | None = None) -> DALIState:
+    """Validate a ``DALILoader`` state (``DALIState.from_dict``) and check it fits the loader about to load it.
 
     Raises:
-        ResumeStateError: not such a state, a newer version, corrupt, or saved for another
-            source kind, store/tree, seed, shuffle, order (global or by shards, window), batch
-            size, or (folder) world size.
+        ResumeStateError: not such a state, a newer version, a corrupt field (named), or saved for another
+            source kind, store/tree, seed, shuffle, order (global or by shards, window), batch size, or
+            (folder) world size.
     """
-    if not isinstance(sd, Mapping) or sd.get("format") != DALI_STATE_FORMAT:
-        got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
-        raise ResumeStateError(f"not a fastload.DALILoader state: got {got}.\nHINT: pass what "
-                               "DALILoader.state_dict() returned.")
-    if sd.get("version") != STATE_VERSION:
-        raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
-                               f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
-    required = ("source", "len", "identity", "seed", "shuffle", "batch_size", "epoch", "batches", "order")
-    missing = [k for k in required if k not in sd]
-    bad = [k for k in ("epoch", "batches") if k not in missing and not (isinstance(sd[k], int) and sd[k] >= 0)]
-    if missing or bad:
-        raise ResumeStateError(f"corrupt fastload.DALILoader state: missing {missing}, invalid {bad}.\n"
-                               "HINT: the checkpoint was damaged or edited; resume from an earlier one.")
+    st = DALIState.from_dict(sd)
     hint = "build the DALILoader over the same source with the same settings as the run that saved it."
-    for field, current in (("source", source), ("len", length), ("identity", identity), ("seed", seed),
-                           ("shuffle", shuffle)):
-        if sd[field] != current:
-            raise mismatch_error(f"the {field}", sd[field], current, hint)
-    if sd.get("shards") != shards:
-        raise mismatch_error("the order (None: global, else by shards)", sd.get("shards"), shards,
+    for field, saved, current in (("source", st.source, source), ("len", st.len, length),
+                                  ("identity", st.identity, identity), ("seed", st.seed, seed),
+                                  ("shuffle", st.shuffle, shuffle)):
+        if saved != current:
+            raise mismatch_error(f"the {field}", saved, current, hint)
+    if (dict(st.shards) if st.shards is not None else None) != shards:
+        raise mismatch_error("the order (None: global, else by shards)", st.shards, shards,
                              "build the DALILoader with the same DALIOptions(order=..., window=...) as the run that "
                              "saved it (a store in object storage is read by shards unless order='global').")
-    if sd["batches"] and sd["batch_size"] != batch_size and source == "folder":
-        raise mismatch_error("batch_size", sd["batch_size"], batch_size, "a folder epoch resumes by batch count.")
-    if sd["batches"] and sd["batch_size"] != batch_size and sd["order"] is None:
-        raise mismatch_error("batch_size", sd["batch_size"], batch_size, hint)
-    if source == "folder" and sd["batches"] and sd.get("world", world) != world:
-        raise mismatch_error("the world size", sd.get("world"), world, "DALI's file reader shards a folder "
+    if st.batches and st.batch_size != batch_size and (source == "folder" or st.order is None):
+        raise mismatch_error("batch_size", st.batch_size, batch_size,
+                             "a folder epoch resumes by batch count." if source == "folder" else hint)
+    if source == "folder" and st.batches and st.world is not None and st.world != world:
+        raise mismatch_error("the world size", st.world, world, "DALI's file reader shards a folder "
                              "by world size: resume a folder with the same one (a store resumes elastically).")
-    return dict(sd)
+    return st

@@ -1,8 +1,6 @@
-"""``fastload.pack``: datasets into a store, offline and once.
-
-Owns: reading sources (``sources.py``: ImageFolder trees and file lists) and the
-conversion (``convert.py``: validate and canonicalise in crash-isolated workers, commit
-through ``store/writer.py``, resume, report).
+"""``fastload.pack``: datasets into a store, offline and once: reading sources (folders, file lists,
+tar shards, Parquet, local or in a bucket), the conversion, and sharded conversion on an engine
+(``local`` or ``ray``). Its modules: docs/layout.md.
 
 Must not: import anything at package import time, or import ``load/`` or any room above.
 """

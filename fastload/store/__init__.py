@@ -1,5 +1,6 @@
-"""The on-disk contract of a fastload store: ``format.py`` (pure layout), ``writer.py``,
-``reader.py`` (the hot read path and its handle cache) and ``check.py`` (inspect, verify);
-``manifest.py`` and ``remote.py`` for sharded stores and object storage.
+"""The on-disk contract of a fastload store: its format, writing, reading (local, or a sharded store
+in a bucket through the node cache, behind one ``Reader`` seam), checking. Its modules:
+docs/layout.md.
 
-Must not: decode for training, or import ``pack/``, ``load/`` or anything above."""
+Must not: decode for training, or import ``pack/``, ``load/`` or anything above.
+"""

@@ -219,3 +219,126 @@ def test_a_state_saved_in_the_other_order_is_refused(six_shards):
         glob.load_state_dict(sd)
     with pytest.raises(ResumeStateError, match="order='global'"):
         by_shards(six_shards).load_state_dict(glob.state_dict())
+
+
+# ---- a hand-edited DALI state: the same table as tests/load/test_resume_state.py's ----------------
+
+def _dali_states(tiny_store, tiny_tree, six_shards) -> dict[str, dict]:
+    """A mid-epoch state of each kind: a store read globally, a store read by shards, a folder."""
+    out = {}
+    for kind, make in (("store", lambda: loader(tiny_store)), ("shards", lambda: by_shards(six_shards)),
+                       ("folder", lambda: loader(tiny_tree))):
+        ld = make()
+        it = iter(ld)
+        next(it)
+        out[kind] = roundtrip(ld.state_dict())
+        del it
+        ld.close()
+    return out
+
+
+DALI_KINDS = ("store", "shards", "folder")
+DALI_TABLE: dict[tuple, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    ("format",): (DALI_KINDS, ("type", "missing")),
+    ("version",): (DALI_KINDS, ("type", "missing")),
+    ("source",): (DALI_KINDS, ("type", "missing")),
+    ("len",): (DALI_KINDS, ("type", "missing")),
+    ("identity",): (DALI_KINDS, ("type", "missing")),
+    ("seed",): (DALI_KINDS, ("type", "missing")),
+    ("shuffle",): (DALI_KINDS, ("type", "missing")),
+    ("batch_size",): (DALI_KINDS, ("type", "missing")),
+    ("world",): (DALI_KINDS, ("type",)),
+    ("epoch",): (DALI_KINDS, ("type", "missing")),
+    ("batches",): (DALI_KINDS, ("type", "missing")),
+    ("order",): (DALI_KINDS, ("type", "missing")),
+    ("order", "start"): (("store",), ("type", "missing")),
+    ("order", "world"): (("store",), ("type", "missing")),
+    ("order", "consumed"): (("store",), ("type", "missing")),
+    ("order", "sampler"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "format"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "seed"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "epoch"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "shuffle"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "window"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "drop_last"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "sizes"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "samples"): (("shards",), ("type", "missing")),
+    ("order", "sampler", "segments"): (("shards",), ("type", "truncated", "missing")),
+    ("shards",): (DALI_KINDS, ("type",)),
+    ("shards", "window"): (("shards",), ("type", "missing")),
+}
+DALI_STR = {("format",), ("source",), ("identity",), ("order", "sampler", "format")}
+
+
+def _damage(sd: dict, path: tuple, how: str) -> dict | None:
+    parent = sd
+    for k in path[:-1]:
+        parent = parent[k]
+    key = path[-1]
+    if key not in parent:
+        return None
+    if how == "missing":
+        del parent[key]
+    elif how == "type":
+        parent[key] = 12345 if path in DALI_STR else "abc"
+    elif how == "truncated":
+        parent[key] = parent[key][:0]
+    return sd
+
+
+@pytest.fixture(scope="module")
+def dali_states(tiny_store, tiny_tree, six_shards):
+    pytest.importorskip("nvidia.dali")
+    return _dali_states(tiny_store, tiny_tree, six_shards)
+
+
+def _fresh(kind, tiny_store, tiny_tree, six_shards):
+    return {"store": lambda: loader(tiny_store), "shards": lambda: by_shards(six_shards),
+            "folder": lambda: loader(tiny_tree)}[kind]()
+
+
+@dali
+@pytest.mark.parametrize("kind, path, how", [pytest.param(k, p, h, id=f"{k}-{'.'.join(p)}-{h}")
+                                             for p, (kinds, hows) in DALI_TABLE.items() for k in kinds for h in hows])
+def test_a_damaged_dali_state_field_is_refused_at_load_naming_it(dali_states, kind, path, how, tiny_store,
+                                                                 tiny_tree, six_shards):
+    import copy
+
+    sd = _damage(copy.deepcopy(dali_states[kind]), path, how)
+    assert sd is not None, f"{kind}: the state has no {path} (the table is out of date)"
+    ld = _fresh(kind, tiny_store, tiny_tree, six_shards)
+    with pytest.raises(ResumeStateError) as err:
+        ld.load_state_dict(sd)
+    msg = str(err.value)
+    assert "HINT" in msg
+    if path[0] in ("format", "version"):
+        return
+    assert repr(path[-1]) in msg or f"the {path[-1]}" in msg, f"{msg!r} does not name {path}"
+
+
+@dali
+def test_the_dali_table_covers_every_field(dali_states):
+    def paths(sd, prefix=()):
+        out = set()
+        for k, v in sd.items():
+            out.add((*prefix, k))
+            if isinstance(v, dict):
+                out |= paths(v, (*prefix, k))
+        return out
+
+    for kind in DALI_KINDS:
+        listed = {p for p, (kinds, _) in DALI_TABLE.items() if kind in kinds}
+        assert paths(dali_states[kind]) - listed == set(), f"{kind}: fields with no row in DALI_TABLE"
+
+
+@dali
+def test_the_dali_state_round_trips_through_its_type(dali_states, tiny_store, tiny_tree, six_shards):
+    from fastload.load.state import DALIState
+
+    for kind in DALI_KINDS:
+        sd = dali_states[kind]
+        assert DALIState.from_dict(sd).to_dict() == sd
+        ld = _fresh(kind, tiny_store, tiny_tree, six_shards)
+        ld.load_state_dict(sd)
+        assert ld.state_dict() == sd  # loaded, not yet iterated: the same state back
+        ld.close()
