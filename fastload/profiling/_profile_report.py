@@ -4,7 +4,7 @@ Owns: reading ``probe-rank*.json`` / ``samples-rank*.json`` (and the ``steps-ran
 process that ended abruptly), the per-rank figures, the merge across ranks, and the text
 ``fastload profile`` prints.
 
-The gain model and the recommendations: ``_recommend.py``.
+The gain model: ``_gain.py``; the recommendations: ``_recommend.py``.
 
 Must not: run anything, import torch.
 """

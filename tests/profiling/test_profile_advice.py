@@ -22,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 
 from fastload.cli import main
-from fastload.profiling._recommend import change_to_verify, predict_step, recommend
+from fastload.profiling._gain import predict_step
+from fastload.profiling._recommend import change_to_verify, recommend
 from fastload.profiling._snippet import loader_snippet
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,8 @@ import pytest
 
 from fastload.profiling.compare import compare_rounds
 from fastload.profiling._profile_report import format_summary
-from fastload.profiling._recommend import change_to_verify, predict_step, recommend
+from fastload.profiling._gain import predict_step
+from fastload.profiling._recommend import change_to_verify, recommend
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_FOLDER = "torchvision.datasets.folder.ImageFolder"
