@@ -100,6 +100,16 @@ def _corrupt(path: str, problem: str, what: str = STATE_FORMAT) -> ResumeStateEr
     return ResumeStateError(f"corrupt {what} state: invalid [{path}]: {problem}.\n{_CORRUPT_HINT}")
 
 
+def _check_header(sd: Any, fmt: str, returned: str) -> None:
+    """A state's format and version: what kind of state this is, and that this fastload reads it."""
+    if not isinstance(sd, Mapping) or sd.get("format") != fmt:
+        got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
+        raise ResumeStateError(f"not a {fmt} state: got {got}.\nHINT: pass what {returned}.")
+    if sd.get("version") != STATE_VERSION:
+        raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
+                               f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
@@ -357,13 +367,7 @@ class LoaderState:
     def from_dict(cls, sd: Any, *, coherent: bool = True) -> LoaderState:
         """Raises: ResumeStateError: not a loader state, another version, or a field is corrupt
         (``coherent=False``: each field alone; ``check_coherent()`` then checks them together)."""
-        if not isinstance(sd, Mapping) or sd.get("format") != STATE_FORMAT:
-            got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
-            raise ResumeStateError(f"not a fastload.DataLoader state: got {got}.\nHINT: pass what "
-                                   "fastload.DataLoader.state_dict() returned (e.g. checkpoint['loader']).")
-        if sd.get("version") != STATE_VERSION:
-            raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
-                                   f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
+        _check_header(sd, STATE_FORMAT, "fastload.DataLoader.state_dict() returned (e.g. checkpoint['loader'])")
         missing = [k for k in cls.REQUIRED if k not in sd]
         bad_ints = [k for k in ("epoch", "batches") if k not in missing
                     and (isinstance(sd[k], bool) or not isinstance(sd[k], int) or sd[k] < 0)]
@@ -544,13 +548,7 @@ class DALIState:
     @classmethod
     def from_dict(cls, sd: Any) -> DALIState:
         """Raises: ResumeStateError: not a DALILoader state, another version, or a field is corrupt (named)."""
-        if not isinstance(sd, Mapping) or sd.get("format") != _DALI:
-            got = type(sd).__name__ if not isinstance(sd, Mapping) else f"a dict with format={sd.get('format')!r}"
-            raise ResumeStateError(f"not a fastload.DALILoader state: got {got}.\nHINT: pass what "
-                                   "DALILoader.state_dict() returned.")
-        if sd.get("version") != STATE_VERSION:
-            raise ResumeStateError(f"loader state version {sd.get('version')!r}; this fastload reads version "
-                                   f"{STATE_VERSION}.\nHINT: resume with the fastload version that saved it.")
+        _check_header(sd, _DALI, "DALILoader.state_dict() returned")
         r = _Reader(sd, "", ("format", "version", *cls.REQUIRED), optional=cls.OPTIONAL, what=_DALI)
         shards = sd.get("shards")
         if shards is not None:

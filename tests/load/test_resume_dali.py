@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fastload.errors import ResumeStateError
+from state_damage import damage
 
 dali = pytest.mark.dali
 
@@ -270,22 +271,6 @@ DALI_TABLE: dict[tuple, tuple[tuple[str, ...], tuple[str, ...]]] = {
 DALI_STR = {("format",), ("source",), ("identity",), ("order", "sampler", "format")}
 
 
-def _damage(sd: dict, path: tuple, how: str) -> dict | None:
-    parent = sd
-    for k in path[:-1]:
-        parent = parent[k]
-    key = path[-1]
-    if key not in parent:
-        return None
-    if how == "missing":
-        del parent[key]
-    elif how == "type":
-        parent[key] = 12345 if path in DALI_STR else "abc"
-    elif how == "truncated":
-        parent[key] = parent[key][:0]
-    return sd
-
-
 @pytest.fixture(scope="module")
 def dali_states(tiny_store, tiny_tree, six_shards):
     pytest.importorskip("nvidia.dali")
@@ -304,7 +289,7 @@ def test_a_damaged_dali_state_field_is_refused_at_load_naming_it(dali_states, ki
                                                                  tiny_tree, six_shards):
     import copy
 
-    sd = _damage(copy.deepcopy(dali_states[kind]), path, how)
+    sd = damage(copy.deepcopy(dali_states[kind]), path, how, DALI_STR)
     assert sd is not None, f"{kind}: the state has no {path} (the table is out of date)"
     ld = _fresh(kind, tiny_store, tiny_tree, six_shards)
     with pytest.raises(ResumeStateError) as err:
