@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
 from fastload.image import DEFAULT_SIZE
 
 __all__ = ["DecodeBench", "DecodeBenchOptions", "bench_decode"]

@@ -49,11 +49,11 @@ from pathlib import Path
 
 
 from fastload.bench import _spdl_path as _spdl
+from fastload.image import DEFAULT_SIZE
 from fastload.measure.rounds import interleave
 from fastload.measure.stages import BuiltStage, StageData, StageOptions, build_stage, running
 from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
-from fastload.image import DEFAULT_SIZE
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
            "store_floors", "ALL_PATHS"]

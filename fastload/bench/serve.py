@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from fastload.image import DEFAULT_SIZE
 from fastload.stats import percentiles
 from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
-from fastload.image import DEFAULT_SIZE
 
 __all__ = ["ServeBenchOptions", "bench_serve", "run_load", "format_table", "PillowEval", "CONFIGS"]
 

@@ -8,6 +8,7 @@ commands so ``fastload --help`` stays fast.
 Must not: do work a library function should do; import a room at module level (one exception:
 ``fastload.image.DEFAULT_SIZE``, the named default size, whose package imports nothing).
 """
+
 from __future__ import annotations
 
 import click

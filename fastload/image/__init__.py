@@ -7,5 +7,6 @@ size defaults to ``DEFAULT_SIZE`` (ImageNet's 224-px crop; evaluation resizes th
 ``DEFAULT_RESIZE`` first). Named here, the lowest room every one of them may import, and cheap to import.
 
 Must not: import torch at import time or anything from the rooms above (``store/`` and up)."""
+
 DEFAULT_SIZE = 224
 DEFAULT_RESIZE = 256

@@ -23,7 +23,7 @@ from fastload.errors import ResumeStateError
 __all__ = ["ShardOrder", "DEFAULT_WINDOW", "mix_seed"]
 
 DEFAULT_WINDOW = 4
-_FORMAT = "fastload.ShardSampler"
+SHARD_ORDER_FORMAT = "fastload.ShardSampler"
 _MASK = (1 << 64) - 1
 
 
@@ -152,7 +152,7 @@ class ShardOrder:
     # ---- resume -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Where this epoch's iteration starts: seed, epoch, settings and the segments read so far."""
-        return {"format": _FORMAT, "seed": self.seed, "epoch": self.epoch, "shuffle": self.shuffle,
+        return {"format": SHARD_ORDER_FORMAT, "seed": self.seed, "epoch": self.epoch, "shuffle": self.shuffle,
                 "window": self.window, "drop_last": self.drop_last, "sizes": len(self.shard_sizes),
                 "samples": int(self._starts[-1]),
                 "segments": [list(s) for s in self._segments] + [[self.num_replicas, self._start]]}
@@ -170,7 +170,7 @@ class ShardOrder:
         Raises:
             ResumeStateError: not a ShardSampler state, or saved for another store or settings.
         """
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        if not isinstance(state, dict) or state.get("format") != SHARD_ORDER_FORMAT:
             raise ResumeStateError("not a fastload.ShardSampler state.\nHINT: pass what ShardSampler.state_dict() "
                                    "(or fastload.DataLoader.state_dict()) returned.")
         for field, now in (("seed", self.seed), ("shuffle", self.shuffle), ("window", self.window),

@@ -64,12 +64,12 @@ from pathlib import Path
 import torch
 
 from fastload.errors import CorruptSampleError, MissingDependencyError, ResumeStateError, WorkerStartError
+from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.load import state as _state
 from fastload.load._shard_order import DEFAULT_WINDOW, ShardOrder
 from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
-from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = ["DALILoader", "DALIOptions", "dali_available"]
 
@@ -634,7 +634,7 @@ class DALILoader:
                 raise ResumeStateError(f"{self.source}: a mid-epoch state without the position of a shard-ordered "
                                        "epoch.\nHINT: the checkpoint was damaged or edited; resume from an "
                                        "earlier one.")
-            rest = self._src.shard_order(plan.epoch, saved.to_dict()["sampler"])
+            rest = self._src.shard_order(plan.epoch, saved.sampler)
             mine = rest.order()
             return {"sampler": rest.state_dict(), "rank_len": len(mine), "remaining": mine}
         perm = self._src.global_order(plan.epoch).tolist()

@@ -66,6 +66,7 @@ from typing import Any, ClassVar
 import torch
 
 from fastload.errors import ResumeStateError
+from fastload.load._shard_order import SHARD_ORDER_FORMAT
 from fastload.load.replay import (SampleIndex, dataset_identity, files_identity, global_order, mix_seed, rng_restore,
                                   rng_snapshot, segment)
 
@@ -483,7 +484,7 @@ def _read_shard_order(sd: Any, path: str) -> dict:
     """A ``ShardOrder`` state inside a DALI state, each field checked (``ShardOrder.resume_from`` then
     checks that it fits the store and settings)."""
     r = _Reader(sd, path, _SHARD_ORDER_FIELDS, what=_DALI)
-    out = {"format": r.str("format", choices=("fastload.ShardSampler",)), "seed": r.int("seed", low=None),
+    out = {"format": r.str("format", choices=(SHARD_ORDER_FORMAT,)), "seed": r.int("seed", low=None),
            "epoch": r.int("epoch"), "shuffle": r.bool("shuffle"), "window": r.int("window", low=1),
            "drop_last": r.bool("drop_last"), "sizes": r.int("sizes", low=1), "samples": r.int("samples")}
     segments = sd["segments"]
@@ -566,12 +567,11 @@ class DALIState:
                    order=order, world=r.int("world", low=1, none=True), shards=shards)
 
     def to_dict(self) -> dict:
-        sd = {"format": _DALI, "version": STATE_VERSION, "source": self.source, "len": self.len,
-              "identity": self.identity, "seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size,
-              "world": self.world, "epoch": self.epoch, "batches": self.batches,
-              "order": self.order.to_dict() if self.order is not None else None,
-              "shards": dict(self.shards) if self.shards is not None else None}
-        return sd
+        return {"format": _DALI, "version": STATE_VERSION, "source": self.source, "len": self.len,
+                "identity": self.identity, "seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size,
+                "world": self.world, "epoch": self.epoch, "batches": self.batches,
+                "order": self.order.to_dict() if self.order is not None else None,
+                "shards": dict(self.shards) if self.shards is not None else None}
 
 
 def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None, seed: int, shuffle: bool,
@@ -590,7 +590,7 @@ def check_dali_state(sd: Any, *, source: str, length: int, identity: str | None,
                                   ("shuffle", st.shuffle, shuffle)):
         if saved != current:
             raise mismatch_error(f"the {field}", saved, current, hint)
-    if (dict(st.shards) if st.shards is not None else None) != shards:
+    if st.shards != shards:
         raise mismatch_error("the order (None: global, else by shards)", st.shards, shards,
                              "build the DALILoader with the same DALIOptions(order=..., window=...) as the run that "
                              "saved it (a store in object storage is read by shards unless order='global').")

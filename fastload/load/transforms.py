@@ -32,10 +32,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
 from fastload.image.policy import mode_to_rgb
 from fastload.marks import timed
-from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",

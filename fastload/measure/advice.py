@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
 from fastload.image import DEFAULT_SIZE
 
 __all__ = ["MaxSideAdvice", "max_side_advice", "recommended_max_side", "FAR_LARGER"]

@@ -15,8 +15,8 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from fastload.measure.env import environment, package_version
 from fastload.image import DEFAULT_SIZE
+from fastload.measure.env import environment, package_version
 
 __all__ = ["doctor_report", "format_doctor", "package_version", "PINNED_FRACTION"]
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import RecipeError
-from fastload.measure.stages import FOLDER_STAGES, STAGE_TYPES
 from fastload.image import DEFAULT_SIZE
+from fastload.measure.stages import FOLDER_STAGES, STAGE_TYPES
 
 __all__ = ["STAGE_TYPES", "Recipe", "RecipeData", "RecipeRun", "RecipeStage", "load_recipe", "StageOutcome",
            "run_recipe", "prepare_data"]

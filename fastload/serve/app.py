@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from fastload.errors import ServeError
+from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS
 from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES
 from fastload.serve.routes import FrontOptions
-from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = ["ServeOptions", "run_server", "build_router"]
 

@@ -34,13 +34,13 @@ from typing import Any
 import torch
 
 from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
+from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
 from fastload.serve._futures import await_future
 from fastload.serve.metrics import StageHistograms, trace_events
 from fastload.serve.policy import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, DEFAULT_MAX_WAIT_MS, BatchPolicy, RequestTiming
 from fastload.serve.preprocess import SERVE_MAX_PIXELS, DTYPES, check_request_pixels, decode_request, pick_device
 from fastload.stats import percentiles
-from fastload.image import DEFAULT_SIZE, DEFAULT_RESIZE
 
 __all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "SERVE_MAX_PIXELS"]
 
