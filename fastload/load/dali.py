@@ -67,6 +67,7 @@ from fastload.errors import CorruptSampleError, MissingDependencyError, ResumeSt
 from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.load import state as _state
 from fastload.load._shard_order import DEFAULT_WINDOW, ShardOrder
+from fastload.load.tracker import DALITracker
 from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
@@ -281,6 +282,7 @@ class DALILoader:
         self._iter = None
         self._partial = False  # the current pipeline started mid-epoch (after a skip): rebuild next epoch
         self.epoch = 0
+        self._tracker = DALITracker()  # the position and a loaded state (the resume seam, tracker.py)
         self.skipped = 0
         self.time_to_first_batch: float | None = None  #: seconds from ``iter()`` to the latest epoch's first batch
 
@@ -384,11 +386,9 @@ class DALILoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if getattr(self, "_resume_inner", False):
-            return self._epoch_batches()
         # not a generator itself: the clock starts at iter(), as fastload.DataLoader's does, and covers
         # building the pipeline (its workers' start) and, from a store in object storage, the first downloads
-        return self._timed(self._resume_iter(), time.perf_counter())  # position bookkeeping and resume
+        return self._timed(self._positioned(), time.perf_counter())
 
     def _timed(self, batches: Iterator, t0: float) -> Iterator:
         """``batches``, recording ``time_to_first_batch`` at the first (and logging it for a URL, INFO on
@@ -509,16 +509,21 @@ class DALILoader:
             del self._pipe
             self._pipe = None
 
-    # ---- resume (state_dict / load_state_dict; the rules are fastload.load.state's) --------
+    # ---- resume (state_dict / load_state_dict: the seam is tracker.DALITracker, the rules state.py's) -----
 
-    def _resume_identity(self) -> str | None:
-        """What the data is (fixed when the loader is built): hashed once, not at every checkpoint."""
+    def resume_facts(self) -> dict:
+        """What a saved state must match (``state.check_dali_state``'s keywords): fixed when the loader is
+        built; the data's identity is hashed once, not at every checkpoint."""
         if "_identity" not in self.__dict__:
             if self.from_store:  # the store's checksums and labels (self._reader)
                 self._identity = _state.dataset_identity(self)
             else:
                 self._identity = _state.files_identity(str(self.source), sorted(set(zip(self._files, self._labels))))
-        return self._identity
+        return {"source": "store" if self.from_store else "folder",
+                "length": self._src.n if self.from_store else len(set(self._files)), "identity": self._identity,
+                "seed": self.seed, "shuffle": self.shuffle, "batch_size": self.batch_size, "world": self.num_shards,
+                # how the epoch is ordered: None (global) or {"window": w} (by shards)
+                "shards": {"window": self.options.window} if self.by_shards else None}
 
     def state_dict(self) -> dict:
         """This loader's position: resume with ``load_state_dict`` on a loader built the same way.
@@ -527,33 +532,7 @@ class DALILoader:
         also under another world size (``fastload.load.state``'s elastic rule). From a
         folder, see ``load_state_dict``. Small (no sample data), picklable, ``torch.save``-able.
         """
-        pending = getattr(self, "_resume_plan", None)
-        if pending is not None:
-            return pending.to_dict()
-        pos = getattr(self, "_resume_pos", None)
-        epoch, batches, saved = self.epoch, 0, None
-        if pos is not None:
-            epoch, batches, order = pos
-            if order is not None:
-                step = min((batches - order["batches_before"]) * self.batch_size, order["rank_len"])
-                if "sampler" in order:  # by shards: the ShardOrder's segments, the last one advanced
-                    sampler = dict(order["sampler"], segments=[list(x) for x in order["sampler"]["segments"]])
-                    sampler["segments"][-1][1] += step
-                    saved = _state.DALIShardOrder(sampler)
-                else:
-                    saved = _state.DALIGlobalOrder(start=order["start"], world=order["world"],
-                                                   consumed=order["consumed"] + order["world"] * step)
-        return _state.DALIState(source="store" if self.from_store else "folder", len=self._resume_len(),
-                                identity=self._resume_identity(), seed=self.seed, shuffle=self.shuffle,
-                                batch_size=self.batch_size, epoch=epoch, batches=batches, order=saved,
-                                world=self.num_shards, shards=self._shards_setting()).to_dict()
-
-    def _shards_setting(self) -> dict | None:
-        """How the epoch is ordered, as saved in a state: None (global) or ``{"window": w}`` (by shards)."""
-        return {"window": self.options.window} if self.by_shards else None
-
-    def _resume_len(self) -> int:
-        return self._src.n if self.from_store else len(set(self._files))
+        return self._tracker.state_dict(self)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Continue from ``state_dict()``'s result at the next ``iter()``.
@@ -573,10 +552,7 @@ class DALILoader:
             ResumeStateError: corrupt, or saved for another source, store, seed, shuffle,
                 batch size, or (folder) world size; or the folder case above.
         """
-        sd = _state.check_dali_state(state_dict, source="store" if self.from_store else "folder",
-                                     length=self._resume_len(), identity=self._resume_identity(),
-                                     seed=self.seed, shuffle=self.shuffle, batch_size=self.batch_size,
-                                     world=self.num_shards, shards=self._shards_setting())
+        sd = self._tracker.check(self, state_dict)
         if not self.from_store and self.shuffle and sd.epoch > 0 and sd.batches > 0:
             raise ResumeStateError(
                 f"{self.source}: a mid-epoch state of epoch {sd.epoch} from a shuffled folder cannot be "
@@ -584,50 +560,45 @@ class DALILoader:
                 "`fastload convert` and read the store (exact resume), or resume from an epoch boundary.")
         self.close()
         self.epoch = sd.epoch
-        self._resume_pos = None
-        self._resume_plan = sd
+        self._tracker.load(sd)
 
-    def _resume_iter(self):
-        plan, self._resume_plan = getattr(self, "_resume_plan", None), None
+    def _positioned(self):
+        """The next epoch's batches, reported to the tracker, from where a loaded plan says."""
+        plan = self._tracker.take_plan()
         epoch = plan.epoch if plan is not None else self.epoch
-        skip, order, restore = 0, None, None
+        skip, order, rank_len, restore = 0, None, None, None
         if plan is not None and plan.batches and self.from_store:
-            order = self._resume_remaining(plan)
+            order, remaining = self._resume_remaining(plan)
+            rank_len = len(remaining)
             restore = self.samples_per_epoch
-            self.samples_per_epoch = self._src.resume(epoch, order.pop("remaining"))
+            self.samples_per_epoch = self._src.resume(epoch, remaining)
         elif plan is not None and self.from_store:
             self._src.epoch_offset, self._src.first = epoch, None
         elif plan is not None:
             skip = plan.batches
         if order is None and self.by_shards:
-            order = {"sampler": self._src.shard_order(epoch).state_dict(), "rank_len": self._src.per_rank}
+            order, rank_len = _state.DALIShardOrder(self._src.shard_order(epoch).state_dict()), self._src.per_rank
         elif order is None and self.from_store:
-            order = {"start": 0, "world": self.num_shards, "consumed": 0, "rank_len": self._src.per_rank}
-        batches = plan.batches if plan is not None else 0
-        if order is not None:
-            order["batches_before"] = batches
-        self._resume_pos = (epoch, batches, order)
-        self._resume_inner = True
+            order, rank_len = _state.DALIGlobalOrder(start=0, world=self.num_shards, consumed=0), self._src.per_rank
+        self._tracker.epoch_started(epoch, plan.batches if plan is not None else 0, order, rank_len)
         try:
             if self.samples_per_epoch > 0:
-                for n, batch in enumerate(self.__iter__()):
+                for n, batch in enumerate(self._epoch_batches()):
                     if n < skip:  # a folder: read and discard what was already seen
                         continue
-                    batches += 1
-                    self._resume_pos = (epoch, batches, order)
+                    self._tracker.batch_yielded()
                     yield batch
             else:
                 self.epoch += 1
-            self._resume_pos = None
+            self._tracker.epoch_ended()
         finally:
-            self._resume_inner = False
             if restore is not None:  # the next epoch is a plain one: rebuild the pipeline for it
                 self.close()
                 self.samples_per_epoch = restore
                 self._src.first, self._src.epoch_offset = None, epoch + 1
 
-    def _resume_remaining(self, plan: _state.DALIState) -> dict:
-        """This rank's indices left in the saved epoch (the elastic rule), and the new segment."""
+    def _resume_remaining(self, plan: _state.DALIState) -> tuple[_state.DALIShardOrder | _state.DALIGlobalOrder, list]:
+        """The new segment and this rank's indices left in the saved epoch (the elastic rule)."""
         saved = plan.order
         if self.by_shards:  # ShardOrder's own elastic rule, from the saved segments
             if not isinstance(saved, _state.DALIShardOrder):
@@ -636,7 +607,7 @@ class DALILoader:
                                        "earlier one.")
             rest = self._src.shard_order(plan.epoch, saved.sampler)
             mine = rest.order()
-            return {"sampler": rest.state_dict(), "rank_len": len(mine), "remaining": mine}
+            return _state.DALIShardOrder(rest.state_dict()), mine
         perm = self._src.global_order(plan.epoch).tolist()
         world = self.num_shards
         if saved is None:
@@ -646,4 +617,4 @@ class DALILoader:
         else:
             start, consumed = saved.start + min(saved.consumed, len(perm) - saved.start), 0
         mine = _state.segment(perm, start, world, False)[consumed + self.shard_id::world]
-        return {"start": start, "world": world, "consumed": consumed, "rank_len": len(mine), "remaining": mine}
+        return _state.DALIGlobalOrder(start=start, world=world, consumed=consumed), mine

@@ -1,11 +1,14 @@
 """The resume seam: one tracker per loader that the iterators report to.
 
 Owns: ``ResumeTracker`` (what ``fastload.DataLoader.state_dict()`` / ``load_state_dict()``
-do) and ``EpochRecord`` (the epoch an iterator is in). Every iterator, torch's two
-(``_resume_iter.py``) and the thread pipeline (``threads.py``), reports the same four events
-and nothing else: ``epoch_started(it)``, ``batch_yielded()``, ``worker_state(...)`` and
-``epoch_ended()``. The state they build is the typed ``LoaderState`` of ``state.py``, which
-also validates a loaded one.
+do), ``DALITracker`` (the same for ``fastload.DALILoader``), ``EpochRecord`` (the epoch an
+iterator is in, for both) and ``advance`` (the elastic rule's count of a segment read so far,
+for both). Every iterator, torch's two (``_resume_iter.py``), the thread pipeline
+(``threads.py``) and the DALI loader's epoch (``dali.py``), reports the same events and
+nothing else: ``epoch_started(...)``, ``batch_yielded()``, ``worker_state(...)`` (workers
+with dataset states only) and ``epoch_ended()``. A tracker holds a loaded state as ``plan``
+until the next epoch starts, and the live epoch as ``live``; the states they build are the
+typed ``LoaderState`` and ``DALIState`` of ``state.py``, which also validates a loaded one.
 
 The tracker holds its loader by a weak reference (iterators hold the tracker, and torch's
 iterators must not keep their loader alive: ``_resume_iter.py`` says why).
@@ -27,9 +30,10 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from fastload.errors import ResumeStateError
 from fastload.load import replay as _replay
 from fastload.load import state as _state
-from fastload.load.state import DistributedOrder, FetcherState, LoaderState, ReplayOrder, WorkerStates
+from fastload.load.state import (DALIGlobalOrder, DALIShardOrder, DALIState, DistributedOrder, FetcherState,
+                                 LoaderState, ReplayOrder, WorkerStates)
 
-__all__ = ["ResumeTracker", "EpochRecord", "is_stateful", "settle_ended"]
+__all__ = ["ResumeTracker", "DALITracker", "EpochRecord", "advance", "is_stateful", "settle_ended"]
 
 log = logging.getLogger("fastload")
 
@@ -80,16 +84,34 @@ def settle_ended(fetcher, dataset, dataset_state, iter_state) -> None:
     fetcher.ended = True
 
 
+def advance(order, done: int, rank_len: int):
+    """A rank's segment order once ``done`` of its samples are read (at most ``rank_len``, the samples
+    it reads in the segment: padding past the end counts as read): the elastic rule's count
+    (``replay.py``'s docstring). A ``DistributedOrder`` or ``DALIGlobalOrder`` counts the samples of
+    every rank in the global order (``consumed``, ``world`` per rank's sample); a ``DALIShardOrder``
+    advances its last segment, the one this rank is reading."""
+    step = min(done, rank_len)
+    if isinstance(order, (DistributedOrder, DALIGlobalOrder)):
+        return dataclasses.replace(order, consumed=order.consumed + order.world * step)
+    if isinstance(order, DALIShardOrder):
+        segments = [list(x) for x in order.sampler["segments"]]
+        segments[-1][1] += step
+        return DALIShardOrder({**order.sampler, "segments": segments})
+    raise TypeError(f"not a segment order: {type(order).__name__}")
+
+
 class EpochRecord:
     """The epoch an iterator is in: what the loader's ``state_dict()`` is built from."""
 
-    def __init__(self, epoch: int, plan: LoaderState | None, sample_seed: int | None, loader_generator) -> None:
+    def __init__(self, epoch: int, plan: LoaderState | DALIState | None, sample_seed: int | None = None,
+                 loader_generator=None) -> None:
         self.epoch, self.plan, self.sample_seed = epoch, plan, sample_seed
         self.loader_generator = loader_generator
         self.base = 0               # batches of the epoch counted before this iterator's first one
         self.batches = 0            # yielded by this iterator (a resumed one counts from the resume)
         self.finished = False
-        self.order: ReplayOrder | DistributedOrder | None = None  # how the order is rebuilt (at its first index)
+        # how the order is rebuilt (at its first index; DALI: the segment the epoch reads)
+        self.order: ReplayOrder | DistributedOrder | DALIShardOrder | DALIGlobalOrder | None = None
         self.rank_len: int | None = None  # distributed: samples this rank reads in this segment
         self.fetcher = None         # iterable, num_workers=0: torch's fetcher (its iterator and ``ended``)
         self.workers: WorkerStates | None = None   # iterable, num_workers>0: the latest per-worker states
@@ -363,8 +385,7 @@ class ResumeTracker:
                 # the rank's batches up to the first it has not yielded (in_order=False yields later ones
                 # ahead of it: counting those as read lost the batches before them)
                 done = (rec.front if rec.front is not None else rec.position) - rec.base
-                order = dataclasses.replace(order, consumed=order.consumed
-                                            + order.world * min(done * per, rec.rank_len))
+                order = advance(order, done * per, rec.rank_len)
                 if rec.ahead:
                     # a DistributedSampler's resume is one offset into the global order, the same for every
                     # rank: batches a rank yielded ahead of its turn are read again after a resume, never lost
@@ -464,3 +485,60 @@ class ResumeTracker:
             loader.generator.set_state(torch.frombuffer(bytearray(st.generator), dtype=torch.uint8))
         self.live = None
         self.plan = st
+
+
+class DALITracker:
+    """``fastload.DALILoader``'s resume bookkeeping: the seam ``ResumeTracker`` is, for a loader with no
+    torch iterator and no dataset states (its order is a function of seed, epoch and position).
+
+    The loader reports ``epoch_started(...)`` (with the segment order the epoch reads, already
+    positioned where a loaded plan said), ``batch_yielded()`` and ``epoch_ended()``; this builds
+    and checks the typed ``DALIState``. What the loader is (source, store identity, seed, ...)
+    comes from its ``resume_facts()``; how a loaded plan becomes the epoch's samples is the
+    loader's (``dali.py``: it owns the store's order).
+    """
+
+    def __init__(self) -> None:
+        self.plan: DALIState | None = None
+        self.live: EpochRecord | None = None
+
+    def check(self, loader, sd) -> DALIState:
+        """``sd`` read and checked against ``loader`` (nothing changes: the caller may still refuse it)."""
+        return _state.check_dali_state(sd, **loader.resume_facts())
+
+    def load(self, plan: DALIState) -> None:
+        """Resume from ``plan`` (checked) at the next epoch's start."""
+        self.plan, self.live = plan, None
+
+    def take_plan(self) -> DALIState | None:
+        """The loaded plan, for the epoch about to start (a later ``state_dict()`` is the live one's)."""
+        plan, self.plan = self.plan, None
+        return plan
+
+    def epoch_started(self, epoch: int, batches: int, order: DALIShardOrder | DALIGlobalOrder | None,
+                      rank_len: int | None) -> None:
+        """Epoch ``epoch`` starts at batch ``batches`` (a resume's), reading ``order`` from its start
+        (``rank_len`` of this rank's samples; None: a folder, resumed by batch count)."""
+        rec = self.live = EpochRecord(epoch, None)
+        rec.base, rec.order, rec.rank_len = batches, order, rank_len
+
+    def batch_yielded(self) -> None:
+        if self.live is not None:
+            self.live.batches += 1
+
+    def epoch_ended(self) -> None:
+        self.live = None  # the loader's own epoch count says which comes next
+
+    def state_dict(self, loader) -> dict:
+        if self.plan is not None:  # loaded and not started yet: the same position
+            return self.plan.to_dict()
+        facts = loader.resume_facts()
+        rec = self.live
+        epoch, batches, order = loader.epoch, 0, None
+        if rec is not None:
+            epoch, batches = rec.epoch, rec.position
+            if rec.order is not None:
+                order = advance(rec.order, rec.batches * loader.batch_size, rec.rank_len)
+        return DALIState(source=facts["source"], len=facts["length"], identity=facts["identity"], seed=facts["seed"],
+                         shuffle=facts["shuffle"], batch_size=facts["batch_size"], epoch=epoch, batches=batches,
+                         order=order, world=facts["world"], shards=facts["shards"]).to_dict()
