@@ -20,7 +20,10 @@ Discipline, so a figure does not depend on which path ran before it:
 Every path ends in the same place: a batch of normalised float32 images and int64 labels
 on the CPU. torchvision and WebDataset normalise in the workers (ToTensor + Normalize);
 fastload and SPDL ship uint8 and normalise in the main process, inside the timed region;
-DALI and FFCV normalise in their own pipelines.
+DALI and FFCV normalise in their own pipelines. With ``uint8`` (``--uint8``) the place is a
+GPU host's: ``uint8`` NCHW batches, cropped, resized and flipped, not normalised (torchvision
+and WebDataset end in ``PILToTensor``, DALI's ``crop_mirror_normalize`` writes ``uint8``,
+fastload and SPDL hand their batches on as they are; FFCV is not run in that form).
 
 Two floors per core, measured on each store a path reads (``store_floors``, interleaved
 rounds of tight one-thread loops on the same records): **decode alone** (each record's crop
@@ -80,6 +83,8 @@ class LoaderBenchOptions:
         host_ms: of each step, the host CPU ms that hold the GIL (kernel launches); the rest of
             ``step_ms`` is slept. Loader threads in this process compete with it for the GIL,
             worker processes do not.
+        uint8: every path hands out ``uint8`` batches, not normalised (a GPU host's case; the
+            module docstring), instead of normalised float32.
     """
 
     workers: int = 2
@@ -93,6 +98,7 @@ class LoaderBenchOptions:
     paths: tuple[str, ...] | None = None
     step_ms: float = 0.0
     host_ms: float = 0.0
+    uint8: bool = False
 
     def __post_init__(self) -> None:
         from fastload.image.policy import ENCODING_CHOICES
@@ -177,7 +183,8 @@ class LoaderBench:
         w = max(26, *(len(r.name) + 2 for r in self.results))
         step = (f"; a simulated step of {o.step_ms:g} ms after each batch, {o.host_ms:g} ms of it host CPU holding "
                 "the GIL" if o.step_ms or o.host_ms else "")
-        lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, median of {o.rounds} rounds "
+        out = "uint8 batches (not normalised)" if o.uint8 else "normalised float32 batches"
+        lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, {out}, median of {o.rounds} rounds "
                  f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"
                  f"{'of decode':>11}"]
@@ -253,7 +260,7 @@ def _time(loader: Iterable, warmup: int, batches: int, step: Callable[[], object
 
 def _options(o: LoaderBenchOptions) -> StageOptions:
     return StageOptions(batch_size=o.batch_size, image_size=o.image_size, workers=o.workers, device="cpu",
-                        pin_memory=False)
+                        pin_memory=False, uint8=o.uint8)
 
 
 def _stage_path(stage_type: str, data: StageData, o: LoaderBenchOptions) -> Callable[[], BuiltStage]:
@@ -289,13 +296,14 @@ def _make_webdataset(urls: list[str], keys: list[str], o: LoaderBenchOptions) ->
 
     from fastload.measure.stages import torchvision_train_transform
 
-    tf = torchvision_train_transform(o.image_size)
+    tf = torchvision_train_transform(o.image_size, uint8=o.uint8)
     wanted = ";".join(sorted(set(keys) | {_wds_key(f"x{e}") for e in IMG_EXTENSIONS}))
     dataset = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False).shuffle(500)
                .decode("pil").to_tuple(wanted, "cls").map_tuple(tf, lambda c: c)
                .batched(o.batch_size, partial=False))
     loader = wds.WebLoader(dataset, batch_size=None, num_workers=o.workers, persistent_workers=o.workers > 0)
-    return BuiltStage("webdataset", loader, o.workers, "workers (torchvision ToTensor + Normalize)")
+    return BuiltStage("webdataset", loader, o.workers, "workers (torchvision PILToTensor, uint8)" if o.uint8
+                      else "workers (torchvision ToTensor + Normalize)")
 
 
 def _ffcv_beton(data: Path, o: LoaderBenchOptions, tmp: Path) -> str:
@@ -493,7 +501,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         def prep_spdl() -> Callable[[], BuiltStage]:
             samples = _spdl.folder_samples(data)  # the files and labels torchvision reads
             return lambda: _spdl.spdl_stage(samples, batch_size=o.batch_size, image_size=o.image_size,
-                                            workers=o.workers)
+                                            workers=o.workers, uint8=o.uint8)
 
         add("spdl", prep_spdl, reads=store, missing=_spdl.unavailable() if "spdl" in wanted else None)
 
@@ -501,7 +509,8 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
             beton = _ffcv_beton(data, o, tmp)
             return lambda: _make_ffcv(beton, o)
 
-        add("ffcv", prep_ffcv, reads=store, missing=None if importlib.util.find_spec("ffcv") else
+        add("ffcv", prep_ffcv, reads=store, missing="not run with uint8 batches (its recipe normalises)" if o.uint8
+            else None if importlib.util.find_spec("ffcv") else
             "ffcv is not importable (it needs libopencv-dev, libturbojpeg0-dev, pkg-config, then pip install ffcv)")
         order = [n for n in ALL_PATHS if n in builders]
 

@@ -83,6 +83,9 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               help="A simulated training step after every batch (0: the loader alone).")
 @click.option("--host-ms", type=click.FloatRange(min=0), default=Default(LOADER, "host_ms"), show_default=True,
               help="Of each step, host CPU ms holding the GIL (kernel launches; 8 is the measured ResNet-50 cost).")
+@click.option("--uint8", is_flag=True, default=False,
+              help="Every path hands out uint8 batches, cropped, resized and flipped but not normalised (a GPU "
+              "host's case), instead of normalised float32 (FFCV is not run then).")
 @click.option("--remote", default=None, metavar="URL",
               help="Instead: the sharded store at URL (s3://, gs://, az://) with a cold and a warm node cache "
               "against --store, the same store on local disk (fastload.bench.remote).")
@@ -98,7 +101,7 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     step_ms, host_ms, remote, mosaic, litdata, dali, json_out) -> None:
+                     step_ms, host_ms, uint8, remote, mosaic, litdata, dali, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -123,7 +126,7 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
                               rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
-                              paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms)
+                              paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms, uint8=uint8)
     result = bench_loader(data_or_default(data), store=store, options=opts)
     emit(result, json_out)
 

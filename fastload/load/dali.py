@@ -9,7 +9,8 @@ DALI's failures into errors that name the sample.
 
 Batches are ``(images, labels)``: images float NCHW normalised (ImageNet mean/std unless
 told), labels ``int64`` 1-D, on the GPU in GPU mode and on the CPU in CPU mode — what
-``fastload.DataLoader`` + ``DevicePrefetcher`` give.
+``fastload.DataLoader`` + ``DevicePrefetcher`` give (``DALIOptions(dtype=torch.uint8)``: images
+``uint8`` NCHW, not normalised, what ``fastload.DataLoader`` with ``collate_uint8`` gives).
 
 Training crops use ``fn.decoders.image_random_crop``: the decoder draws the crop
 (``random_area`` / ``random_aspect_ratio``, RandomResizedCrop's parameters) and decodes only
@@ -121,7 +122,10 @@ class DALIOptions:
         resize: the shorter side before the eval center crop.
         py_workers: processes for the store callback (reading bytes; cheap).
         mean, std: normalisation, on the 0..1 scale.
-        dtype: float dtype of the images handed out; ``channels_last`` their memory format.
+        dtype: dtype of the images handed out: a float dtype (normalised by ``mean``/``std``), or
+            ``torch.uint8``: 0..255, cropped, resized and flipped but not normalised (``mean`` and
+            ``std`` unused; normalise on the device, as ``DevicePrefetcher`` does a uint8 batch).
+            ``channels_last``: their memory format.
         shard_id, num_shards: default from ``torch.distributed`` when initialised, else 0, 1.
         device_id: the GPU (default: the current CUDA device).
         hw_decoder_load: share of JPEG decoding sent to the GPU's hardware decoder (A100,
@@ -166,6 +170,8 @@ class DALIOptions:
             raise ValueError("py_workers, prefetch_queue_depth and resize must be >= 1")
         if not 0.0 <= self.hw_decoder_load <= 1.0:
             raise ValueError(f"hw_decoder_load must be in 0..1, got {self.hw_decoder_load}")
+        if not (self.dtype.is_floating_point or self.dtype == torch.uint8):
+            raise ValueError(f"dtype must be a floating type or torch.uint8, got {self.dtype}")
         object.__setattr__(self, "mean", tuple(self.mean))
         object.__setattr__(self, "std", tuple(self.std))
 
@@ -341,9 +347,14 @@ class DALILoader:
                 images = fn.resize(images, resize_shorter=self.options.resize, interp_type=types.INTERP_LINEAR,
                                    antialias=True)
                 mirror, crop = 0, (self.size, self.size)
-            images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout="CHW", crop=crop, crop_pos_x=0.5, crop_pos_y=0.5,
-                mean=[m * 255 for m in self.options.mean], std=[s * 255 for s in self.options.std], mirror=mirror)
+            if self.options.dtype == torch.uint8:  # crop, flip and CHW layout, the pixels as they are
+                images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=crop,
+                                                  crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror)
+            else:
+                images = fn.crop_mirror_normalize(
+                    images, dtype=types.FLOAT, output_layout="CHW", crop=crop, crop_pos_x=0.5, crop_pos_y=0.5,
+                    mean=[m * 255 for m in self.options.mean], std=[s * 255 for s in self.options.std],
+                    mirror=mirror)
             if mixed:
                 labels = labels.gpu()
             return images, labels, index

@@ -22,6 +22,12 @@ stage pays for getting there inside the timed loop:
 Every stage's loader goes through ``DevicePrefetcher`` (float images are only moved and
 given the memory format), so no stage gets a different hand-off to the step.
 
+With ``StageOptions(uint8=True)`` the contract is a GPU host's instead: ``uint8`` NCHW images
+(0..255, cropped, resized and flipped, not normalised: that is left to the device) and ``int64``
+labels. torchvision ends in ``PILToTensor`` instead of ``ToTensor`` + ``Normalize``, ``fast`` /
+``threads`` hand their ``uint8`` batches on as they are, DALI's ``crop_mirror_normalize``
+writes ``uint8`` without normalising; every stage's batches are only moved to the device.
+
 Adding a stage is one function registered with ``@_stage("name")`` that returns a
 ``BuiltStage``; ``STAGE_TYPES`` (what recipes accept) follows the registry.
 
@@ -41,7 +47,7 @@ from fastload.errors import FastloadError
 from fastload.image import DEFAULT_SIZE
 
 __all__ = ["STAGE_TYPES", "StageData", "StageOptions", "BuiltStage", "build_stage", "skip_reason", "running",
-           "shutdown", "torchvision_train_transform"]
+           "shutdown", "torchvision_train_transform", "Uint8Batches"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,8 @@ class StageOptions:
         pin_memory: None: pinned when the device is CUDA (``baseline`` never pins).
         read_delay_ms: emulated latency of opening a file (a network file system); see
             ``FileOpenDelay``. DALI stages cannot apply it and are skipped when it is set.
+        uint8: hand out ``uint8`` NCHW images, not normalised (the module docstring's second
+            contract), instead of normalised ``float32``.
     """
 
     batch_size: int
@@ -78,6 +86,7 @@ class StageOptions:
     channels_last: bool = False
     pin_memory: bool | None = None
     read_delay_ms: float = 0.0
+    uint8: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.image_size < 8:
@@ -117,14 +126,43 @@ def _stage(name: str):
     return register
 
 
-def torchvision_train_transform(size: int):
-    """The standard torchvision training pipeline: the baseline everybody starts from."""
+def torchvision_train_transform(size: int, *, uint8: bool = False):
+    """The standard torchvision training pipeline: the baseline everybody starts from (``uint8``:
+    ending in ``PILToTensor``, a ``uint8`` CHW tensor, instead of ``ToTensor`` + ``Normalize``)."""
     import torchvision.transforms as T
 
     from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 
+    if uint8:
+        return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.PILToTensor()])
     return T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(),
                       T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def _tv_normalises(o: StageOptions, where: str) -> str:
+    return f"{where} (torchvision PILToTensor, uint8)" if o.uint8 else f"{where} (torchvision ToTensor + Normalize)"
+
+
+class Uint8Batches:
+    """``uint8`` batches moved to ``device`` as they are (``StageOptions(uint8=True)``): images
+    contiguous NCHW (or channels-last), labels ``int64``. The uint8 contract's ``DevicePrefetcher``."""
+
+    def __init__(self, loader: Iterable, device: Any, *, channels_last: bool = False) -> None:
+        import torch
+
+        self.loader, self.device, self.channels_last = loader, torch.device(device), channels_last
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __iter__(self):
+        import torch
+
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        cuda = self.device.type == "cuda"
+        for images, labels, *_ in self.loader:
+            images = images.to(self.device, non_blocking=cuda).contiguous(memory_format=fmt)
+            yield images, torch.as_tensor(labels).to(self.device, dtype=torch.int64, non_blocking=cuda)
 
 
 class FileOpenDelay:
@@ -178,12 +216,24 @@ def _torch_loader(dataset, o: StageOptions, workers: int, *, pin: bool, fastload
 
 
 def _to_device(loader: Iterable, o: StageOptions):
-    """The same hand-off for every stage: ``DevicePrefetcher`` to the device, float32."""
+    """The same hand-off for every stage: ``DevicePrefetcher`` to the device, float32 (``uint8``:
+    ``Uint8Batches``, moved as they are)."""
     import torch
 
     from fastload.load.prefetch import DevicePrefetcher
 
+    if o.uint8:
+        return Uint8Batches(loader, o.device, channels_last=o.channels_last)
     return DevicePrefetcher(loader, o.device, dtype=torch.float32, channels_last=o.channels_last)
+
+
+def _fast_normalises(o: StageOptions) -> str:
+    import torch
+
+    if o.uint8:
+        return "not normalised (uint8 batches)"
+    return "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
+        "main process, in the timed loop (DevicePrefetcher on CPU)"
 
 
 def _pin(o: StageOptions) -> bool:
@@ -203,10 +253,10 @@ def _baseline(data: StageData, o: StageOptions) -> BuiltStage:
     from torchvision.datasets import ImageFolder
 
     workers = o.resolved_workers(0)
-    ds = _delayed(ImageFolder(str(_folder(data)), transform=torchvision_train_transform(o.image_size)), o,
+    ds = _delayed(ImageFolder(str(_folder(data)), transform=torchvision_train_transform(o.image_size, uint8=o.uint8)), o,
                   one_file=False)
     loader = _torch_loader(ds, o, workers, pin=False, fastload_loader=False)
-    return BuiltStage("baseline", _to_device(loader, o), workers, "loader (torchvision ToTensor + Normalize)")
+    return BuiltStage("baseline", _to_device(loader, o), workers, _tv_normalises(o, "loader"))
 
 
 @_stage("workers")
@@ -214,10 +264,10 @@ def _workers(data: StageData, o: StageOptions) -> BuiltStage:
     from torchvision.datasets import ImageFolder
 
     workers = o.resolved_workers("auto")
-    ds = _delayed(ImageFolder(str(_folder(data)), transform=torchvision_train_transform(o.image_size)), o,
+    ds = _delayed(ImageFolder(str(_folder(data)), transform=torchvision_train_transform(o.image_size, uint8=o.uint8)), o,
                   one_file=False)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=False)
-    return BuiltStage("workers", _to_device(loader, o), workers, "workers (torchvision ToTensor + Normalize)")
+    return BuiltStage("workers", _to_device(loader, o), workers, _tv_normalises(o, "workers"))
 
 
 @_stage("lmdb")
@@ -225,32 +275,26 @@ def _lmdb(data: StageData, o: StageOptions) -> BuiltStage:
     from fastload.load.dataset import LMDBImageDataset
 
     workers = o.resolved_workers("auto")
-    ds = _delayed(LMDBImageDataset(data.store, transform=torchvision_train_transform(o.image_size)), o,
+    ds = _delayed(LMDBImageDataset(data.store, transform=torchvision_train_transform(o.image_size, uint8=o.uint8)), o,
                   one_file=True)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=True)
-    return BuiltStage("lmdb", _to_device(loader, o), workers, "workers (torchvision ToTensor + Normalize)")
+    return BuiltStage("lmdb", _to_device(loader, o), workers, _tv_normalises(o, "workers"))
 
 
 @_stage("fast")
 def _fast(data: StageData, o: StageOptions) -> BuiltStage:
-    import torch
-
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import collate_uint8, train_transform
 
     workers = o.resolved_workers("auto")
     ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=True, collate=collate_uint8)
-    where = "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
-        "main process, in the timed loop (DevicePrefetcher on CPU)"
-    return BuiltStage("fast", _to_device(loader, o), workers, where)
+    return BuiltStage("fast", _to_device(loader, o), workers, _fast_normalises(o))
 
 
 @_stage("threads")
 def _threads(data: StageData, o: StageOptions) -> BuiltStage:
     """``fast`` with the worker-free thread pipeline: the same presets, no worker processes."""
-    import torch
-
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import collate_uint8, train_transform
 
@@ -258,16 +302,12 @@ def _threads(data: StageData, o: StageOptions) -> BuiltStage:
     ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
     loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
                            backend="threads")
-    where = "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
-        "main process, in the timed loop (DevicePrefetcher on CPU)"
-    return BuiltStage("threads", _to_device(loader, o), threads, where)
+    return BuiltStage("threads", _to_device(loader, o), threads, _fast_normalises(o))
 
 
 @_stage("threads-autotune")
 def _threads_autotune(data: StageData, o: StageOptions) -> BuiltStage:
     """``threads`` sizing itself while it runs (``load/autotune.py``): ``workers`` is where it starts."""
-    import torch
-
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import collate_uint8, train_transform
 
@@ -275,18 +315,21 @@ def _threads_autotune(data: StageData, o: StageOptions) -> BuiltStage:
     ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
     loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
                            backend="threads", autotune=True)
-    where = "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
-        "main process, in the timed loop (DevicePrefetcher on CPU)"
-    return BuiltStage("threads-autotune", _to_device(loader, o), threads, where)
+    return BuiltStage("threads-autotune", _to_device(loader, o), threads, _fast_normalises(o))
 
 
 def _dali(data: StageData, o: StageOptions, mode: str) -> BuiltStage:
-    from fastload.load.dali import DALILoader
+    import torch
+
+    from fastload.load.dali import DALILoader, DALIOptions
 
     threads = o.resolved_workers("auto") or 1
     loader = DALILoader(data.store, o.batch_size, train=True, size=o.image_size, device=mode, num_threads=threads,
-                        seed=o.seed, drop_last=True)
+                        seed=o.seed, drop_last=True,
+                        options=DALIOptions(dtype=torch.uint8) if o.uint8 else None)
     where = "DALI on the GPU" if mode == "gpu" else "DALI CPU threads"
+    if o.uint8:
+        where += " (uint8, not normalised)"
     return BuiltStage(f"dali-{mode}", _to_device(loader, o), threads, where)
 
 

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from fastload.cli import main
@@ -164,6 +165,33 @@ def test_bench_decode_times_every_method_or_says_why_not(tiny_tree, tmp_path):
     if importlib.util.find_spec("cv2") is None:
         assert "OpenCV is not installed" in methods["resize opencv"]["skipped"]
     assert "region" in r.output and "simplejpeg" in r.output
+
+
+def test_bench_loader_uint8_times_every_path_to_uint8_batches(tiny_tree, tmp_path, monkeypatch):
+    import fastload.bench.loader as bl
+
+    seen = {}
+    real_time = bl._time
+
+    def spy(loader, warmup, batches, step=None):  # what each path hands out, then the real timing
+        images, labels = next(iter(loader))[:2]
+        seen[type(loader).__name__ + str(len(seen))] = (images.dtype, tuple(images.shape), labels.dtype)
+        return real_time(loader, warmup, batches, step)
+
+    monkeypatch.setattr(bl, "_time", spy)
+    out = tmp_path / "bench.json"
+    paths = ["torchvision", "fastload", "fastload-threads", "ffcv"] + \
+        (["dali-cpu"] if importlib.util.find_spec("nvidia.dali") else [])
+    r = CliRunner().invoke(main, ["bench", "loader", str(tiny_tree), *TINY, "--rounds", "1", "--uint8",
+                                  *[a for p in paths for a in ("--path", p)], "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    assert result["options"]["uint8"] is True and "uint8 batches (not normalised)" in r.output
+    by = {p["name"]: p for p in result["paths"]}
+    assert by["ffcv"]["images_per_s"] is None and "uint8" in by["ffcv"]["skipped"]
+    ran = [p for p in result["paths"] if p["name"] != "ffcv"]
+    assert all(p["images_per_s"] > 0 for p in ran) and len(seen) == len(ran)
+    assert set(seen.values()) == {(torch.uint8, (4, 3, 32, 32), torch.int64)}
 
 
 def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_tree):

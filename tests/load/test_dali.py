@@ -59,6 +59,27 @@ def test_drop_last(tiny_store):
 
 
 @dali
+@pytest.mark.parametrize("train", [True, False])
+def test_uint8_batches_are_the_float_batches_before_the_normalise(tiny_store, train):
+    from fastload.dali import DALIOptions
+
+    floats = [x for x, _ in loader(tiny_store, seed=3, train=train)]
+    raw = [x for x, _ in loader(tiny_store, seed=3, train=train, options=DALIOptions(dtype=torch.uint8))]
+    assert len(raw) == len(floats)
+    for u8, f32 in zip(raw, floats):  # the same crops and flips (same seed, same graph), not normalised
+        assert u8.dtype == torch.uint8 and u8.shape == f32.shape
+        torch.testing.assert_close(normalize(u8), f32, atol=1e-4, rtol=0)
+
+
+@dali
+def test_a_dtype_that_is_neither_float_nor_uint8_is_refused():
+    from fastload.dali import DALIOptions
+
+    with pytest.raises(ValueError, match="floating type or torch.uint8"):
+        DALIOptions(dtype=torch.int32)
+
+
+@dali
 def test_folder_source_uses_torchvisions_classes(tiny_tree):
     tv = ImageFolder(str(tiny_tree))
     ld = loader(tiny_tree, batch_size=6, shuffle=False, train=False)

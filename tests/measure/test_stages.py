@@ -74,3 +74,19 @@ def test_skip_reasons_and_unknown_type(tiny_store):
         build_stage("turbo", StageData(None, tiny_store), cpu)
     with pytest.raises(ValueError, match="read_delay_ms must be >= 0"):
         StageOptions(batch_size=2, read_delay_ms=-1)
+
+
+@pytest.mark.parametrize("stage_type", [t for t in st.STAGE_TYPES if t != "dali-gpu"])
+def test_every_stage_hands_out_uint8_nchw_not_normalised_when_asked(stage_type, tiny_tree, tiny_store):
+    opts = StageOptions(batch_size=4, image_size=32, workers=1, device="cpu", uint8=True)
+    data = StageData(tiny_tree, tiny_store)
+    reason = skip_reason(stage_type, data, opts)
+    if reason:
+        pytest.skip(reason)
+    built = build_stage(stage_type, data, opts)
+    with running(built) as loader:
+        images, labels = next(iter(loader))[:2]
+    assert images.dtype == torch.uint8 and tuple(images.shape) == (4, 3, 32, 32) and images.is_contiguous()
+    assert images.device.type == "cpu" and labels.dtype == torch.int64 and labels.shape == (4,)
+    assert images.max() > 1  # pixels 0..255, not a 0..1 image cast to uint8
+    assert "uint8" in built.normalises
