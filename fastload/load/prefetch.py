@@ -9,7 +9,11 @@ compute stream waits for it only when the batch is handed out, and ``record_stre
 tells the caching allocator that the compute stream uses the memory, so it is not reused
 while the step still reads it. On CPU it is a pass-through that still normalises, so the
 batch contract is the same everywhere: ``(images float NCHW normalised, labels int64)``
-on the requested device.
+on the requested device. On CPU the normalised images are written into one of two reused
+float32 buffers when nothing holds that buffer's last batch any more (its storage's use
+count: a batch kept by the step, or any view of it, keeps its buffer out of use), else into a
+fresh one: a fresh 38 MB for every batch of 64 at 224 px cost more in page faults than the
+normalisation itself (``OutputBuffers``).
 
 ``uint8`` images are normalised with ``mean``/``std``. Float images are taken as already
 normalised (a torchvision ``ToTensor() + Normalize()`` pipeline) and only moved and cast.
@@ -25,24 +29,63 @@ import torch
 
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize
 
-__all__ = ["DevicePrefetcher", "prepare_batch"]
+__all__ = ["DevicePrefetcher", "prepare_batch", "OutputBuffers"]
+
+
+class OutputBuffers:
+    """Float32 CPU buffers for normalised batches, reused once nothing else holds them.
+
+    ``take(shape, channels_last)`` gives a tensor on a pooled buffer whose storage is used by
+    the pool alone (so no batch handed out earlier can see it rewritten), else a fresh one
+    (pooled while fewer than ``keep`` are). Allocated through numpy, which backs large arrays
+    with transparent huge pages. Without torch's storage use count (a private function) no
+    buffer is reused.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.pool: list[tuple[torch.Tensor, bool, int]] = []
+        self.use_count = getattr(torch._C, "_storage_Use_Count", None)
+
+    def _uses(self, t: torch.Tensor) -> int:
+        return self.use_count(t.untyped_storage()._cdata)
+
+    def take(self, shape: tuple[int, ...], channels_last: bool) -> torch.Tensor:
+        import numpy as np
+
+        for buf, cl, idle in self.pool:
+            if buf.shape == shape and cl == channels_last and self._uses(buf) == idle:
+                return buf[:]  # a new tensor on the storage: while it is held, the use count shows it
+        n, c, h, w = shape
+        if channels_last:
+            buf = torch.from_numpy(np.empty((n, h, w, c), dtype=np.float32)).permute(0, 3, 1, 2)
+        else:
+            buf = torch.from_numpy(np.empty(shape, dtype=np.float32))
+        if self.use_count is not None and len(self.pool) < self.keep:
+            self.pool.append((buf, channels_last, self._uses(buf)))
+            return buf[:]
+        return buf
 
 
 def prepare_batch(batch, device: torch.device, *, mean: Sequence[float] = IMAGENET_MEAN,
                   std: Sequence[float] = IMAGENET_STD, dtype: torch.dtype | None = torch.float32,
-                  channels_last: bool = False, non_blocking: bool = False):
+                  channels_last: bool = False, non_blocking: bool = False, buffers: OutputBuffers | None = None):
     """One ``(images, labels, ...)`` batch onto ``device`` under the batch contract.
 
     ``uint8`` images are normalised there (to ``dtype``, float32 when None); float images
     are taken as normalised and only cast to ``dtype`` (kept as they are when None).
-    Labels become int64; extra tensors are moved along.
+    Labels become int64; extra tensors are moved along. ``buffers``: where ``uint8`` images on
+    the CPU are normalised to float32 (``OutputBuffers``; None: a fresh tensor).
     """
     if not isinstance(batch, (tuple, list)) or len(batch) < 2:
         raise TypeError(f"expected (images, labels, ...) batches, got {type(batch).__name__}")
     images, labels, *rest = batch
     images = images.to(device, non_blocking=non_blocking)
     if images.dtype == torch.uint8:
-        images = normalize(images, mean, std, dtype=dtype or torch.float32, channels_last=channels_last)
+        out = None
+        if buffers is not None and images.device.type == "cpu" and images.dim() == 4 and dtype in (None, torch.float32):
+            out = buffers.take(tuple(images.shape), channels_last)
+        images = normalize(images, mean, std, dtype=dtype or torch.float32, channels_last=channels_last, out=out)
     else:
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
@@ -77,13 +120,14 @@ class DevicePrefetcher:
         self.device = resolve_device(device, what="DevicePrefetcher's device")
         self.mean, self.std = tuple(mean), tuple(std)
         self.dtype, self.channels_last = dtype, channels_last
+        self._buffers = OutputBuffers() if self.device.type == "cpu" else None
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
     def _prepare(self, batch, non_blocking: bool):
         return prepare_batch(batch, self.device, mean=self.mean, std=self.std, dtype=self.dtype,
-                             channels_last=self.channels_last, non_blocking=non_blocking)
+                             channels_last=self.channels_last, non_blocking=non_blocking, buffers=self._buffers)
 
     def __iter__(self) -> Iterator:
         if self.device.type != "cuda":

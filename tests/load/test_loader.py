@@ -185,6 +185,33 @@ def test_prefetcher_contract_and_values(device):
     torch.testing.assert_close(x.float().cpu(), (images / 255 - mean) / std, atol=0.03, rtol=0.01)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_prefetcher_on_cpu_reuses_a_buffer_only_when_no_batch_holds_it(channels_last):
+    from fastload.load.transforms import normalize
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(4))
+               for _ in range(6)]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    pf = DevicePrefetcher(batches, "cpu", channels_last=channels_last)
+    held = [x for x, _ in pf]  # every batch kept: none may be rewritten by a later one
+    for (raw, _), x in zip(batches, held):
+        assert x.is_contiguous(memory_format=fmt)
+        assert torch.equal(x, normalize(raw, channels_last=channels_last))
+    pooled = {buf.data_ptr() for buf, _, _ in pf._buffers.pool}
+    assert len(pooled) == 2 and len({x.data_ptr() for x in held}) == 6
+    del held, x
+    seen = []
+    for (raw, _), (x, _) in zip(batches, pf):  # each batch dropped before the next but one: the pool serves
+        assert torch.equal(x, normalize(raw, channels_last=channels_last))
+        seen.append(x.data_ptr())
+    assert set(seen) <= pooled
+    with pytest.raises(ValueError, match="float32 CPU tensor"):
+        normalize(batches[0][0], out=torch.empty(4, 3, 8, 9))
+    with pytest.raises(ValueError, match="uint8 NCHW images on the CPU"):
+        normalize(batches[0][0], dtype=torch.bfloat16, out=torch.empty(4, 3, 8, 8))
+
+
 def test_prefetcher_passes_float_batches_through():
     x = torch.randn(2, 3, 4, 4)
     (out, _), = list(DevicePrefetcher([(x, torch.tensor([0, 1]))], "cpu"))
