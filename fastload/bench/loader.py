@@ -30,10 +30,12 @@ rounds of tight one-thread loops on the same records): **decode alone** (each re
 decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
 preset's whole per-image work** (``train_transform().from_bytes``: header, draws, decode,
 resize, flip), with the preset/decode ratio per round; and **normalisation per batch** (one
-``uint8`` batch to normalised float32 with ``fastload.normalize``, one thread). The preset
-floor times the worker count is the ceiling every path is reported against ("of ceiling",
-what the pipeline costs beyond the preset), the decode floor times the workers the other
-column ("of decode", what preset and pipeline cost beyond the decode). A
+``uint8`` batch to normalised float32 with ``fastload.normalize``, one thread, into a reused
+buffer as ``DevicePrefetcher`` writes it). The ceiling every path is reported against ("of
+ceiling", what the pipeline costs beyond the work every path must do) is, per core, the
+preset's whole work plus the normalisation of its image (normalised float batches), or the
+preset's work alone (``uint8`` batches), times the worker count; the decode floor times the
+workers is the other column ("of decode", what preset and pipeline cost beyond the decode). A
 reduced-resolution store has its own floors (it is different data; its ratio to
 torchvision compares against the original files, which is the choice a user has).
 
@@ -134,7 +136,7 @@ class Floors:
 
     decode_per_core: float  # images/s: the crop decoded as the preset decodes it, nothing else
     preset_per_core: float  # images/s: ``train_transform(size).from_bytes``, the whole per-image work
-    normalise_ms: float  # one uint8 batch to normalised float32 (``fastload.normalize``), one thread
+    normalise_ms: float  # one uint8 batch to normalised float32 (``fastload.normalize``, reused out), one thread
     batch_size: int
     preset_over_decode: tuple[float, float, float]
 
@@ -151,12 +153,17 @@ class Floors:
         """Normalisation per image."""
         return 1e3 * self.normalise_ms / self.batch_size
 
+    def ceiling_per_core(self, uint8: bool) -> float:
+        """Images/s one core can make of the work every path must do: the preset's, plus the
+        normalisation unless the batches stay ``uint8``."""
+        return self.preset_per_core if uint8 else 1e6 / (self.preset_us + self.normalise_us)
+
 
 @dataclass
 class LoaderBench:
     options: LoaderBenchOptions
     results: list[PathResult]
-    ceiling_per_core: float | None  # of the full-resolution store: its preset floor
+    ceiling_per_core: float | None  # of the full-resolution store: ``Floors.ceiling_per_core``
     environment: dict
     floors: Floors | None = None  # of the full-resolution store
 
@@ -210,7 +217,8 @@ class LoaderBench:
                          f"({f.preset_us:.0f} us/image) = {mid:.2f}x the decode (per round {lo:.2f}-{hi:.2f}x); "
                          f"normalise a batch of {f.batch_size}: {f.normalise_ms:.2f} ms ({f.normalise_us:.0f} us/image)")
         if self.ceiling_per_core:
-            lines.append(f"ceiling: the preset floor {self.ceiling_per_core:.0f} images/s per core x "
+            what = "the preset floor" if o.uint8 else "the preset's work + normalising its image"
+            lines.append(f"ceiling: {what}, {self.ceiling_per_core:.0f} images/s per core x "
                          f"{max(1, o.workers)} = {self.ceiling:.0f}; 'of decode': against the decode floor x "
                          f"{max(1, o.workers)}")
         reduced = next((r for r in self.results
@@ -364,7 +372,8 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     Decode alone decodes, for every record, the crop ``train_transform(size)`` draws for it
     (drawn once beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
     floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
-    ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``.
+    ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
+    case once a batch is dropped: no fresh pages to fault in).
     """
     import torch
 
@@ -377,6 +386,7 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     g = torch.Generator().manual_seed(0)
     drawn = [tf.draw(b, g) for b in blobs]
     batch = torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8, generator=g)
+    out = torch.empty(batch.shape, dtype=torch.float32)
 
     gp = torch.Generator()
 
@@ -394,14 +404,14 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     arms: dict[str, Callable[[], float]] = {
         "decode": lambda: loop(lambda k: tf.decode_crop(blobs[k], drawn[k]), len(blobs)),
         "preset": lambda: loop(lambda k: tf.from_bytes(blobs[k], same(k)), len(blobs)),
-        "normalise": lambda: loop(lambda k: normalize(batch), 1),
+        "normalise": lambda: loop(lambda k: normalize(batch, out=out), 1),
     }
     with one_torch_thread():
         for name in arms:  # warm up: the decoders' first calls, numpy's first large allocation
             for b, d in zip(blobs[:8], drawn[:8]):
                 tf.decode_crop(b, d)
                 tf.from_bytes(b, gp)
-            normalize(batch)
+            normalize(batch, out=out)
         res = interleave(list(arms), rounds, lambda name, k: arms[name]())
     dec, pre = res["decode"], res["preset"]
     ratios = sorted(d / p for d, p in zip(dec.values, pre.values))  # decode rate / preset rate = cost ratio
@@ -546,7 +556,8 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
             if results[name].images_per_s is not None:
                 if key not in floors:
                     floors[key] = store_floors(path, o.image_size, o.batch_size)
-                results[name].ceiling_per_core = floors[key].preset_per_core
+                results[name].ceiling_per_core = floors[key].ceiling_per_core(o.uint8)
                 results[name].decode_floor_per_core = floors[key].decode_per_core
     full_floors = floors.get(str(store))
-    return LoaderBench(o, ordered, full_floors.preset_per_core if full_floors else None, environment(), full_floors)
+    return LoaderBench(o, ordered, full_floors.ceiling_per_core(o.uint8) if full_floors else None, environment(),
+                       full_floors)

@@ -55,8 +55,10 @@ def test_bench_loader_paths_ceilings_and_per_round_ratios(tiny_tree, tmp_path):
     assert reduced["fraction_of_ceiling"] == pytest.approx(reduced["images_per_s"] / reduced["ceiling_per_core"])
     # two floors per core and normalisation per batch; every path against both floors
     floors = result["floors"]
-    assert floors["preset_per_core"] == result["ceiling_per_core"] and floors["decode_per_core"] > 0
-    assert floors["normalise_ms"] > 0 and floors["batch_size"] == 4
+    assert floors["normalise_ms"] > 0 and floors["batch_size"] == 4 and floors["decode_per_core"] > 0
+    # float batches: every path must also normalise, so the ceiling per core is the preset's work plus that
+    per_image_us = 1e6 / floors["preset_per_core"] + 1e3 * floors["normalise_ms"] / floors["batch_size"]
+    assert result["ceiling_per_core"] == pytest.approx(1e6 / per_image_us)
     lo, mid, hi = floors["preset_over_decode"]
     assert 0 < lo <= mid <= hi
     assert full["decode_floor_per_core"] == floors["decode_per_core"]
@@ -187,6 +189,7 @@ def test_bench_loader_uint8_times_every_path_to_uint8_batches(tiny_tree, tmp_pat
     assert r.exit_code == 0, r.output
     result = json.loads(out.read_text())
     assert result["options"]["uint8"] is True and "uint8 batches (not normalised)" in r.output
+    assert result["ceiling_per_core"] == result["floors"]["preset_per_core"]  # nothing to normalise
     by = {p["name"]: p for p in result["paths"]}
     assert by["ffcv"]["images_per_s"] is None and "uint8" in by["ffcv"]["skipped"]
     ran = [p for p in result["paths"] if p["name"] != "ffcv"]
