@@ -320,6 +320,7 @@ class StageOutcome:
     ranks: list[dict] | None = None
     workers: int | None = None
     normalises: str | None = None
+    autotune: list[dict] = field(default_factory=list)  # threads-autotune: where its tuner ended, per round
 
     @property
     def status(self) -> str:
@@ -362,7 +363,7 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
 
     from fastload.measure.cache import evict, files_under
     from fastload.measure.rounds import interleave, median_and_interval
-    from fastload.measure.stages import StageData, build_stage, running, skip_reason
+    from fastload.measure.stages import StageData, autotune_state, build_stage, running, skip_reason
     from fastload.measure.timing import summarize_records
     from fastload.measure.train import RunOptions, build_model, gather_results, run_instrumented
 
@@ -391,9 +392,13 @@ def run_recipe(recipe: Recipe, *, progress: bool = True, only: Iterable[str] | N
         outcome.workers, outcome.normalises = built.workers, built.normalises
         opts = RunOptions(channels_last=r.channels_last, name=stage.name, batch_size=r.batch_size)
         with running(built) as loader:
-            return run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
-                                    amp=None if r.amp == "none" else r.amp, options=opts,
-                                    on_step=(lambda: on_step(name)) if on_step else None)
+            result = run_instrumented(model, loader, steps=r.steps, warmup=r.warmup, device=device,
+                                      amp=None if r.amp == "none" else r.amp, options=opts,
+                                      on_step=(lambda: on_step(name)) if on_step else None)
+            tuned = autotune_state(loader)  # where a self-sizing loader ended this round
+            if tuned is not None:
+                outcome.autotune.append({"round": k, **tuned})
+            return result
 
     by_name = {s.name: s for s in runnable}
     for name, arm in interleave([s.name for s in runnable], r.rounds, measure).items():

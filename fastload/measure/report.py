@@ -46,6 +46,8 @@ def _stage_row(outcome) -> dict[str, Any]:
                      for k, pos, r in zip(outcome.round_index, outcome.position, outcome.rounds)]
     for rr in row["rounds"]:
         rr.pop("extra", None)
+    if outcome.autotune:
+        row["autotune"] = outcome.autotune
     if outcome.evictions:
         row["cache_evictions"] = outcome.evictions
         row["eviction_confirmed"] = all(e["confirmed"] for e in outcome.evictions)
@@ -150,6 +152,13 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"~ within noise: the stage's interval overlaps {ref['name'] if ref else 'the baseline'}'s")
     if any(r["idle_source"] == "host-clock" for r in ran):
         lines.append("* no CUDA: device idle from host clocks (time outside the model step)")
+    for r in ran:
+        if r.get("autotune"):
+            ends = ", ".join(f"{a['threads']}/{a['depth']}" for a in r["autotune"])
+            changes = sum(a["changes"] for a in r["autotune"])
+            lines.append(f"{r['name']}: started at {r.get('workers') or 0} thread(s); ended each round at "
+                         f"threads/prefetch depth {ends} ({changes} change(s) in "
+                         f"{sum(a['decisions'] for a in r['autotune'])} decisions)")
     if ran:
         lines.append(f"same output: {CONTRACT}. Where each stage normalises:")
         lines += [f"  {r['name']:<14}{r['normalises']}" for r in ran if r.get("normalises")]

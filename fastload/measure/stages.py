@@ -47,7 +47,7 @@ from fastload.errors import FastloadError
 from fastload.image import DEFAULT_SIZE
 
 __all__ = ["STAGE_TYPES", "StageData", "StageOptions", "BuiltStage", "build_stage", "skip_reason", "running",
-           "shutdown", "torchvision_train_transform", "Uint8Batches"]
+           "shutdown", "torchvision_train_transform", "Uint8Batches", "autotune_state"]
 
 
 @dataclass(frozen=True)
@@ -341,6 +341,17 @@ def _dali_cpu(data: StageData, o: StageOptions) -> BuiltStage:
 @_stage("dali-gpu")
 def _dali_gpu(data: StageData, o: StageOptions) -> BuiltStage:
     return _dali(data, o, "gpu")
+
+
+def autotune_state(loader: Any) -> dict | None:
+    """Where a self-sizing stage's tuner is now (``threads-autotune``): ``{"threads", "depth", "changes",
+    "decisions"}`` (changes: decisions other than holding), or None for a stage with no tuner."""
+    for inner in _torch_loaders(loader):
+        tuner = getattr(inner, "autotuner", None)
+        if tuner is not None:
+            return {"threads": tuner.threads, "depth": tuner.depth, "decisions": len(tuner.decisions),
+                    "changes": sum(d.action != "hold" for d in tuner.decisions)}
+    return None
 
 
 STAGE_TYPES: tuple[str, ...] = tuple(_BUILDERS)

@@ -313,3 +313,30 @@ def test_recipe_run_writes_per_step_tensorboard_scalars(tiny_tree, tmp_path):
         assert [e.step for e in rate] == list(range(2 * 3))  # 2 rounds x 3 measured steps
         assert all(e.value > 0 for e in rate)
         assert all(e.value >= 0 for e in acc.Scalars("step/data_wait_ms"))
+
+
+def test_a_self_sizing_stage_reports_where_its_tuner_ended_each_round(tiny_tree, tmp_path):
+    recipe = write(tmp_path, f"""
+        [dataset]
+        folder = "{tiny_tree}"
+        store = "{tmp_path / 'at.lmdb'}"
+        [run]
+        step_ms = 2
+        host_ms = 0
+        rounds = 2
+        [[stage]]
+        type = "threads"
+        [[stage]]
+        type = "threads-autotune"
+        workers = 2
+    """)
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["recipe", "run", str(recipe), "--out", str(out), *TINY_RUN])
+    assert r.exit_code == 0, r.output
+    rows = {row["name"]: row for row in json.loads((out / "results.json").read_text())["stages"]}
+    assert "autotune" not in rows["threads"]
+    tuned = rows["threads-autotune"]["autotune"]
+    assert [a["round"] for a in tuned] == [0, 1]
+    for a in tuned:  # 3 steps: fewer than its first 16-batch window, so it is where it started
+        assert (a["threads"], a["decisions"], a["changes"]) == (2, 0, 0) and a["depth"] >= 2
+    assert "threads-autotune: started at 2 thread(s); ended each round at threads/prefetch depth 2/" in r.output
