@@ -141,6 +141,7 @@ class AutoTuner:
     batches: int = 0
     _floor: tuple[int, int] | None = None  # the smallest setting known to keep the wait under target
     _before_shrink: tuple[int, int] | None = None
+    meter: WindowMeter = field(default_factory=lambda: WindowMeter(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         o = self.options
@@ -210,16 +211,32 @@ class AutoTuner:
 
 
 class WindowMeter:
-    """The clocks of one thread iterator's training thread: call ``called()`` on entering
-    ``next()`` and ``returned()`` before handing the batch out; ``returned`` gives a
-    ``Window`` once ``batches`` batches have been handed out since the last one."""
+    """The clocks of a loader's training thread: call ``called()`` on entering ``next()`` and
+    ``returned()`` before handing the batch out; ``returned`` gives a ``Window`` once
+    ``batches`` batches have been handed out since the last one.
+
+    It lives with the loader's tuner, so a window runs on across epochs (an epoch shorter than a
+    window, say 12 batches of 64 from 800 images, would otherwise never end one); each new
+    iterator calls ``epoch_started()``, and the time to its first batch (starting threads,
+    filling the queue) is left out of the window, as the very first start-up is.
+    """
 
     def __init__(self) -> None:
-        self._start: tuple[float, float] | None = None  # (wall, process CPU) at the window's first hand-out
+        self._start: tuple[float, float] | None = None  # (wall, process CPU) at this stretch's first hand-out
+        self._last: tuple[float, float] | None = None  # ... at its latest hand-out
         self._last_return: float | None = None  # training thread's CPU time when next() last returned
         self._entered = (0.0, 0.0)
         self.batches = 0
         self.wait_s = self.step_cpu_s = 0.0
+        self.wall_s = self.cpu_s = 0.0  # of the stretches of this window in earlier epochs
+
+    def epoch_started(self) -> None:
+        """A new iterator: close this window's stretch at its latest hand-out; the next one starts at
+        the new epoch's first hand-out."""
+        if self._start is not None and self._last is not None:
+            self.wall_s += self._last[0] - self._start[0]
+            self.cpu_s += self._last[1] - self._start[1]
+        self._start = self._last = self._last_return = None
 
     def called(self) -> None:
         self._entered = (time.perf_counter(), time.thread_time())
@@ -229,13 +246,16 @@ class WindowMeter:
     def returned(self, batches: int) -> Window | None:
         now, cpu = time.perf_counter(), time.process_time()
         self._last_return = time.thread_time()
-        if self._start is None:  # the first hand-out starts the window (the first wait is the start-up)
-            self._start = (now, cpu)
+        if self._start is None:  # the first hand-out starts the stretch (the first wait is the start-up)
+            self._start = self._last = (now, cpu)
             return None
+        self._last = (now, cpu)
         self.wait_s += now - self._entered[0]
         self.batches += 1
         if self.batches < batches:
             return None
-        w = Window(self.batches, now - self._start[0], self.wait_s, cpu - self._start[1], self.step_cpu_s)
+        w = Window(self.batches, self.wall_s + now - self._start[0], self.wait_s,
+                   self.cpu_s + cpu - self._start[1], self.step_cpu_s)
         self._start, self.batches, self.wait_s, self.step_cpu_s = (now, cpu), 0, 0.0, 0.0
+        self.wall_s = self.cpu_s = 0.0
         return w

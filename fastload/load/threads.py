@@ -92,7 +92,6 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
-from fastload.load.autotune import WindowMeter
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.replay import mix_seed
 from fastload.load.transforms import collate_uint8, is_preset, preset_size
@@ -384,9 +383,10 @@ class ThreadBatchIterator(Iterator):
         n = int(loader.num_workers)
         # the loader's autotuner (autotune.py) sizes the pool and the depth while the epoch runs
         self._tuner = getattr(loader, "autotuner", None) if n > 0 else None
-        self._meter = WindowMeter() if self._tuner is not None else None
+        self._meter = self._tuner.meter if self._tuner is not None else None  # windows run on across epochs
         if self._tuner is not None:
             n, self._depth = self._tuner.threads, self._tuner.depth
+            self._meter.epoch_started()
         keep = (self._tuner.options.max_depth if self._tuner is not None else self._depth) + 2
         stopping = threading.Event()
         self._job = _Job(loader, self.sample_seed, self.epoch, self.fast, stopping)

@@ -187,3 +187,39 @@ def test_a_shrunk_pool_ends_its_surplus_threads_after_their_task_and_runs_every_
         assert pool.size == 4 and [t.name for t in pool.threads][1:] == [f"fastload-loader-{k}" for k in (3, 4, 5)]
     finally:
         pool.close()
+
+
+def test_a_window_runs_on_across_epochs_and_leaves_each_epochs_start_up_out(monkeypatch):
+    import fastload.load.autotune as at
+
+    clock = {"wall": 0.0, "cpu": 0.0}
+    monkeypatch.setattr(at.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(at.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(at.time, "thread_time", lambda: 0.0)
+    meter = at.WindowMeter()
+
+    def batch(wait: float, step: float) -> Window | None:
+        clock["wall"] += step  # the step before asking: no CPU counted here, only wall
+        meter.called()
+        clock["wall"] += wait
+        clock["cpu"] += wait
+        return meter.returned(4)
+
+    got = []
+    for epoch in range(2):  # epochs of 3 batches, a window of 4: it ends only in the second epoch
+        meter.epoch_started()
+        clock["wall"] += 100.0  # between epochs: start-up, not the loop's
+        got += [batch(1.0 if k else 50.0, 2.0) for k in range(3)]
+    assert [w is not None for w in got] == [False, False, False, False, False, True]
+    w = got[-1]  # batches 2, 3 of the first epoch and 2, 3 of the second; no first waits, no gap
+    assert w.batches == 4 and w.wait_s == 4.0 and w.wall_s == 12.0 and w.process_cpu_s == 4.0
+
+
+def test_a_loader_whose_epochs_are_shorter_than_a_window_still_decides(tiny_store):
+    ld = loader(tiny_store, AutoTuner(threads=1, depth=2, cpus=2, options=AutotuneOptions(first_window=16)))
+    per_epoch = len(ld)
+    assert per_epoch < 16
+    for _ in range(-(-40 // (per_epoch - 1))):  # about 40 counted batches over several epochs
+        for _ in ld:
+            pass
+    assert ld.autotune_decisions  # before the meter lived on the tuner, none: no epoch reached 16
