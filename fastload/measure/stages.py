@@ -292,30 +292,27 @@ def _fast(data: StageData, o: StageOptions) -> BuiltStage:
     return BuiltStage("fast", _to_device(loader, o), workers, _fast_normalises(o))
 
 
-@_stage("threads")
-def _threads(data: StageData, o: StageOptions) -> BuiltStage:
-    """``fast`` with the worker-free thread pipeline: the same presets, no worker processes."""
+def _thread_stage(name: str, data: StageData, o: StageOptions, *, autotune: bool) -> BuiltStage:
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import collate_uint8, train_transform
 
     threads = o.resolved_workers("auto") or 1
     ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
     loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
-                           backend="threads")
-    return BuiltStage("threads", _to_device(loader, o), threads, _fast_normalises(o))
+                           backend="threads", autotune=autotune)
+    return BuiltStage(name, _to_device(loader, o), threads, _fast_normalises(o))
+
+
+@_stage("threads")
+def _threads(data: StageData, o: StageOptions) -> BuiltStage:
+    """``fast`` with the worker-free thread pipeline: the same presets, no worker processes."""
+    return _thread_stage("threads", data, o, autotune=False)
 
 
 @_stage("threads-autotune")
 def _threads_autotune(data: StageData, o: StageOptions) -> BuiltStage:
     """``threads`` sizing itself while it runs (``load/autotune.py``): ``workers`` is where it starts."""
-    from fastload.load.dataset import LMDBImageDataset
-    from fastload.load.transforms import collate_uint8, train_transform
-
-    threads = o.resolved_workers("auto") or 1
-    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
-    loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
-                           backend="threads", autotune=True)
-    return BuiltStage("threads-autotune", _to_device(loader, o), threads, _fast_normalises(o))
+    return _thread_stage("threads-autotune", data, o, autotune=True)
 
 
 def _dali(data: StageData, o: StageOptions, mode: str) -> BuiltStage:
