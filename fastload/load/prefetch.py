@@ -10,8 +10,8 @@ tells the caching allocator that the compute stream uses the memory, so it is no
 while the step still reads it. On CPU it is a pass-through that still normalises, so the
 batch contract is the same everywhere: ``(images float NCHW normalised, labels int64)``
 on the requested device. On CPU the normalised images are written into one of two reused
-float32 buffers when nothing holds that buffer's last batch any more (its storage's use
-count: a batch kept by the step, or any view of it, keeps its buffer out of use), else into a
+float32 buffers when nothing holds that buffer's last batch any more (a batch kept by the step,
+any view or array of it, or its storage object keeps its buffer out of use), else into a
 fresh one: a fresh 38 MB for every batch of 64 at 224 px cost more in page faults than the
 normalisation itself (``OutputBuffers``).
 
@@ -35,36 +35,56 @@ __all__ = ["DevicePrefetcher", "prepare_batch", "OutputBuffers"]
 class OutputBuffers:
     """Float32 CPU buffers for normalised batches, reused once nothing else holds them.
 
-    ``take(shape, channels_last)`` gives a tensor on a pooled buffer whose storage is used by
-    the pool alone (so no batch handed out earlier can see it rewritten), else a fresh one
-    (pooled while fewer than ``keep`` are). Allocated through numpy, which backs large arrays
-    with transparent huge pages. Without torch's storage use count (a private function) no
-    buffer is reused.
+    ``take(shape, channels_last)`` gives a tensor on a pooled buffer that nothing outside the pool
+    holds, else a fresh one (pooled while fewer than ``keep`` are, or in place of an idle pooled
+    buffer of another shape). "Holds": a tensor or view on its storage (torch's storage use count:
+    ``.numpy()`` arrays, slices, channels-last views and autograd's saved tensors all keep one), or
+    the storage object itself (``x.untyped_storage()``: its Python reference count). A buffer that
+    was moved to shared memory (``share_memory_()``, a ``torch.multiprocessing`` queue: another
+    process may read it) leaves the pool. Allocated through numpy, which backs large arrays with
+    transparent huge pages. Without torch's storage use count (a private function) nothing is reused.
     """
 
     def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
-        self.pool: list[tuple[torch.Tensor, bool, int]] = []
-        self.use_count = getattr(torch._C, "_storage_Use_Count", None)
+        import threading
 
-    def _uses(self, t: torch.Tensor) -> int:
-        return self.use_count(t.untyped_storage()._cdata)
+        self.keep = keep
+        self.pool: list[tuple[torch.Tensor, bool, tuple[int, int]]] = []
+        self.use_count = getattr(torch._C, "_storage_Use_Count", None)
+        self._lock = threading.Lock()  # two threads iterating one prefetcher never get one buffer
+
+    def _uses(self, t: torch.Tensor) -> tuple[int, int]:
+        import sys
+
+        st = t.untyped_storage()
+        return self.use_count(st._cdata), sys.getrefcount(st)
+
+    def _idle(self, entry: tuple[torch.Tensor, bool, tuple[int, int]]) -> bool:
+        buf, _, idle = entry
+        return not buf.is_shared() and self._uses(buf) == idle
 
     def take(self, shape: tuple[int, ...], channels_last: bool) -> torch.Tensor:
         import numpy as np
 
-        for buf, cl, idle in self.pool:
-            if buf.shape == shape and cl == channels_last and self._uses(buf) == idle:
-                return buf[:]  # a new tensor on the storage: while it is held, the use count shows it
-        n, c, h, w = shape
-        if channels_last:
-            buf = torch.from_numpy(np.empty((n, h, w, c), dtype=np.float32)).permute(0, 3, 1, 2)
-        else:
-            buf = torch.from_numpy(np.empty(shape, dtype=np.float32))
-        if self.use_count is not None and len(self.pool) < self.keep:
+        with self._lock:
+            self.pool = [e for e in self.pool if not e[0].is_shared()]
+            for entry in self.pool:
+                if entry[0].shape == shape and entry[1] == channels_last and self._idle(entry):
+                    return entry[0][:]  # a new tensor on the storage: while it is held, the use count shows it
+            n, c, h, w = shape
+            if channels_last:
+                buf = torch.from_numpy(np.empty((n, h, w, c), dtype=np.float32)).permute(0, 3, 1, 2)
+            else:
+                buf = torch.from_numpy(np.empty(shape, dtype=np.float32))
+            if self.use_count is None:
+                return buf
+            if len(self.pool) >= self.keep:  # full: an idle buffer of another shape makes room, else no pooling
+                other = next((e for e in self.pool if self._idle(e)), None)
+                if other is None:
+                    return buf
+                self.pool.remove(other)
             self.pool.append((buf, channels_last, self._uses(buf)))
             return buf[:]
-        return buf
 
 
 def prepare_batch(batch, device: torch.device, *, mean: Sequence[float] = IMAGENET_MEAN,
@@ -105,6 +125,10 @@ class DevicePrefetcher:
         mean, std: per-channel normalisation, on the 0..1 scale.
         dtype: floating dtype of the images handed out (``torch.bfloat16`` for AMP).
         channels_last: hand out images in ``torch.channels_last`` memory format.
+
+    On the CPU a float32 batch is written into a buffer reused from an earlier batch once nothing
+    holds that batch any more (a tensor, view, array or storage object of it), so keeping a batch
+    is always safe; a batch moved to shared memory for another process leaves the reuse.
     """
 
     def __init__(self, loader: Iterable, device: str | torch.device | None = None, *,

@@ -206,6 +206,25 @@ def test_prefetcher_on_cpu_reuses_a_buffer_only_when_no_batch_holds_it(channels_
         assert torch.equal(x, normalize(raw, channels_last=channels_last))
         seen.append(x.data_ptr())
     assert set(seen) <= pooled
+    del x
+    # what else holds a batch: its storage object alone (not a tensor: the use count misses it) ...
+    stores = [x.untyped_storage() for x, _ in pf]
+    assert len({st.data_ptr() for st in stores}) == 6  # none rewritten while its storage is held
+    del stores
+    # ... or another process, once its memory is shared (a torch.multiprocessing queue shares it)
+    it = iter(pf)
+    shared, _ = next(it)
+    shared.share_memory_()
+    del shared
+    for _ in it:
+        pass
+    assert pf._buffers.pool and not any(buf.is_shared() for buf, _, _ in pf._buffers.pool)
+    # an idle buffer of another shape makes room: a partial batch does not take a slot for good
+    odd = DevicePrefetcher([(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.arange(2))] + batches, "cpu",
+                           channels_last=channels_last)
+    for _ in odd:
+        pass
+    assert all(buf.shape == (4, 3, 8, 8) for buf, _, _ in odd._buffers.pool)
     with pytest.raises(ValueError, match="float32 CPU tensor"):
         normalize(batches[0][0], out=torch.empty(4, 3, 8, 9))
     with pytest.raises(ValueError, match="uint8 NCHW images on the CPU"):
