@@ -3,7 +3,8 @@
     python tools/bench_ceiling.py [STORE] [--rounds 2] [--seconds 4] [--size 224]
 
 `fastload bench loader` reports each path as a share of a ceiling: one core's tight
-``train_transform(size).from_bytes`` loop (``single_core_ceiling``) times the workers. That
+``train_transform(size).from_bytes`` loop (``single_core_ceiling``) times the workers (with
+float batches, plus normalising each image: ``Floors.ceiling_per_core``). That
 is only a fair ceiling if the cores do not slow each other down (shared caches, memory
 bandwidth, turbo clocks). This runs the same loop in one process alone, then in two
 processes at once, then in two threads of one process (the thread pipeline's situation:

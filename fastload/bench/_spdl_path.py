@@ -179,7 +179,7 @@ def spdl_stage(samples: list[tuple[str, int]], *, batch_size: int, image_size: i
                seed: int = 0, uint8: bool = False) -> BuiltStage:
     """The SPDL loader behind the hand-off every path shares: ``DevicePrefetcher`` on the CPU,
     which normalises the ``uint8`` batches in the caller's thread, inside the timed ``next()``
-    (``uint8``: the batches as they are, ``stages.Uint8Batches``)."""
+    (``uint8``: not normalised, made contiguous NCHW by ``stages.Uint8Batches``, as every path's are)."""
     from fastload.load.prefetch import DevicePrefetcher
     from fastload.measure.stages import Uint8Batches
 

@@ -23,7 +23,8 @@ fastload and SPDL ship uint8 and normalise in the main process, inside the timed
 DALI and FFCV normalise in their own pipelines. With ``uint8`` (``--uint8``) the place is a
 GPU host's: ``uint8`` NCHW batches, cropped, resized and flipped, not normalised (torchvision
 and WebDataset end in ``PILToTensor``, DALI's ``crop_mirror_normalize`` writes ``uint8``,
-fastload and SPDL hand their batches on as they are; FFCV is not run in that form).
+fastload hands its batches on as they are, SPDL's channels-last batches are made contiguous
+NCHW in the timed loop; FFCV is not run in that form).
 
 Two floors per core, measured on each store a path reads (``store_floors``, interleaved
 rounds of tight one-thread loops on the same records): **decode alone** (each record's crop

@@ -85,7 +85,7 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               help="Of each step, host CPU ms holding the GIL (kernel launches; 8 is the measured ResNet-50 cost).")
 @click.option("--uint8", is_flag=True, default=False,
               help="Every path hands out uint8 batches, cropped, resized and flipped but not normalised (a GPU "
-              "host's case), instead of normalised float32 (FFCV is not run then).")
+              "host's case), instead of normalised float32 (FFCV is not run then; not with --remote).")
 @click.option("--remote", default=None, metavar="URL",
               help="Instead: the sharded store at URL (s3://, gs://, az://) with a cold and a warm node cache "
               "against --store, the same store on local disk (fastload.bench.remote).")
@@ -113,6 +113,9 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
         if given is not None and remote is None:
             raise click.UsageError(f"{flag}{'' if flag == '--dali' else ' URL'} is compared with --remote URL: "
                                    "give both (and --store).")
+    if remote is not None and uint8:
+        raise click.UsageError("--uint8 is for the local paths; --remote compares the same store local and "
+                               "remote with normalised float batches.")
     if remote is not None:
         from fastload.bench.remote import RemoteBenchOptions, bench_remote
 

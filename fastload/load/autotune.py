@@ -229,6 +229,7 @@ class WindowMeter:
         self.batches = 0
         self.wait_s = self.step_cpu_s = 0.0
         self.wall_s = self.cpu_s = 0.0  # of the stretches of this window in earlier epochs
+        self._step_at_last = 0.0  # step_cpu_s as of the latest hand-out (where a stretch closes)
 
     def epoch_started(self) -> None:
         """A new iterator: close this window's stretch at its latest hand-out; the next one starts at
@@ -236,6 +237,8 @@ class WindowMeter:
         if self._start is not None and self._last is not None:
             self.wall_s += self._last[0] - self._start[0]
             self.cpu_s += self._last[1] - self._start[1]
+        # the step after the epoch's last batch (counted by the next() that ended it) lies past the close
+        self.step_cpu_s = self._step_at_last
         self._start = self._last = self._last_return = None
 
     def called(self) -> None:
@@ -248,14 +251,16 @@ class WindowMeter:
         self._last_return = time.thread_time()
         if self._start is None:  # the first hand-out starts the stretch (the first wait is the start-up)
             self._start = self._last = (now, cpu)
+            self._step_at_last = self.step_cpu_s
             return None
         self._last = (now, cpu)
         self.wait_s += now - self._entered[0]
         self.batches += 1
+        self._step_at_last = self.step_cpu_s
         if self.batches < batches:
             return None
         w = Window(self.batches, self.wall_s + now - self._start[0], self.wait_s,
                    self.cpu_s + cpu - self._start[1], self.step_cpu_s)
         self._start, self.batches, self.wait_s, self.step_cpu_s = (now, cpu), 0, 0.0, 0.0
-        self.wall_s = self.cpu_s = 0.0
+        self.wall_s = self.cpu_s = self._step_at_last = 0.0
         return w

@@ -10,8 +10,9 @@ with dataset states only) and ``epoch_ended()``. A tracker holds a loaded state 
 until the next epoch starts, and the live epoch as ``live``; the states they build are the
 typed ``LoaderState`` and ``DALIState`` of ``state.py``, which also validates a loaded one.
 
-The tracker holds its loader by a weak reference (iterators hold the tracker, and torch's
-iterators must not keep their loader alive: ``_resume_iter.py`` says why).
+``ResumeTracker`` holds its loader by a weak reference (iterators hold the tracker, and torch's
+iterators must not keep their loader alive: ``_resume_iter.py`` says why); ``DALITracker`` holds
+none, its loader hands itself to each call that needs it.
 
 Must not: make batches, or import torch's private iterator classes (``_resume_iter.py`` does).
 """

@@ -26,7 +26,8 @@ With ``StageOptions(uint8=True)`` the contract is a GPU host's instead: ``uint8`
 (0..255, cropped, resized and flipped, not normalised: that is left to the device) and ``int64``
 labels. torchvision ends in ``PILToTensor`` instead of ``ToTensor`` + ``Normalize``, ``fast`` /
 ``threads`` hand their ``uint8`` batches on as they are, DALI's ``crop_mirror_normalize``
-writes ``uint8`` without normalising; every stage's batches are only moved to the device.
+writes ``uint8`` without normalising; every stage's batches are only moved to the device (and
+made contiguous in the asked memory format where they are not).
 
 Adding a stage is one function registered with ``@_stage("name")`` that returns a
 ``BuiltStage``; ``STAGE_TYPES`` (what recipes accept) follows the registry.

@@ -328,3 +328,8 @@ def test_bench_convert_engines_reports_each_engine(tiny_tree, tmp_path):
     assert result["ray_startup_s"] is None and result["upload_mb_per_s"] is None
     r = CliRunner().invoke(main, ["bench", "convert", str(tiny_tree), "--engine", "spark"])
     assert r.exit_code == 2 and "unknown engine 'spark'" in r.output
+
+
+def test_bench_loader_refuses_uint8_with_remote(tiny_store):
+    r = CliRunner().invoke(main, ["bench", "loader", "--store", str(tiny_store), "--remote", "s3://b/s", "--uint8"])
+    assert r.exit_code == 2 and "--uint8 is for the local paths" in r.output

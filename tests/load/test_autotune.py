@@ -192,14 +192,18 @@ def test_a_shrunk_pool_ends_its_surplus_threads_after_their_task_and_runs_every_
 def test_a_window_runs_on_across_epochs_and_leaves_each_epochs_start_up_out(monkeypatch):
     import fastload.load.autotune as at
 
-    clock = {"wall": 0.0, "cpu": 0.0}
+    clock = {"wall": 0.0, "cpu": 0.0, "thread": 0.0}
     monkeypatch.setattr(at.time, "perf_counter", lambda: clock["wall"])
     monkeypatch.setattr(at.time, "process_time", lambda: clock["cpu"])
-    monkeypatch.setattr(at.time, "thread_time", lambda: 0.0)
+    monkeypatch.setattr(at.time, "thread_time", lambda: clock["thread"])
     meter = at.WindowMeter()
 
-    def batch(wait: float, step: float) -> Window | None:
-        clock["wall"] += step  # the step before asking: no CPU counted here, only wall
+    def step() -> None:  # the training step: 2 s of wall, 1 s of it the training thread's CPU
+        clock["wall"] += 2.0
+        clock["cpu"] += 1.0
+        clock["thread"] += 1.0
+
+    def batch(wait: float) -> Window | None:
         meter.called()
         clock["wall"] += wait
         clock["cpu"] += wait
@@ -209,10 +213,15 @@ def test_a_window_runs_on_across_epochs_and_leaves_each_epochs_start_up_out(monk
     for epoch in range(2):  # epochs of 3 batches, a window of 4: it ends only in the second epoch
         meter.epoch_started()
         clock["wall"] += 100.0  # between epochs: start-up, not the loop's
-        got += [batch(1.0 if k else 50.0, 2.0) for k in range(3)]
+        for k in range(3):
+            got.append(batch(1.0 if k else 50.0))
+            step()
+        meter.called()  # the next() that finds the epoch over
     assert [w is not None for w in got] == [False, False, False, False, False, True]
     w = got[-1]  # batches 2, 3 of the first epoch and 2, 3 of the second; no first waits, no gap
-    assert w.batches == 4 and w.wait_s == 4.0 and w.wall_s == 12.0 and w.process_cpu_s == 4.0
+    assert w.batches == 4 and w.wait_s == 4.0 and w.wall_s == 12.0
+    # the steps before those four hand-outs (after the first epoch's last one: not in the window)
+    assert w.process_cpu_s == 8.0 and w.step_cpu_s == 4.0 and w.step_cpu_s <= w.process_cpu_s
 
 
 def test_a_loader_whose_epochs_are_shorter_than_a_window_still_decides(tiny_store):
