@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
+from fastload.load import reuse
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize
 
 __all__ = ["DevicePrefetcher", "prepare_batch", "OutputBuffers"]
@@ -36,13 +37,10 @@ class OutputBuffers:
     """Float32 CPU buffers for normalised batches, reused once nothing else holds them.
 
     ``take(shape, channels_last)`` gives a tensor on a pooled buffer that nothing outside the pool
-    holds, else a fresh one (pooled while fewer than ``keep`` are, or in place of an idle pooled
-    buffer of another shape). "Holds": a tensor or view on its storage (torch's storage use count:
-    ``.numpy()`` arrays, slices, channels-last views and autograd's saved tensors all keep one), or
-    the storage object itself (``x.untyped_storage()``: its Python reference count). A buffer that
-    was moved to shared memory (``share_memory_()``, a ``torch.multiprocessing`` queue: another
-    process may read it) leaves the pool. Allocated through numpy, which backs large arrays with
-    transparent huge pages. Without torch's storage use count (a private function) nothing is reused.
+    holds (``reuse.py``'s rule: no tensor, view, array or storage object of its last batch, and
+    never one shared with another process), else a fresh one (pooled while fewer than ``keep`` are,
+    or in place of an idle pooled buffer of another shape). Allocated through numpy, which backs
+    large arrays with transparent huge pages.
     """
 
     def __init__(self, keep: int = 2) -> None:
@@ -50,40 +48,29 @@ class OutputBuffers:
 
         self.keep = keep
         self.pool: list[tuple[torch.Tensor, bool, tuple[int, int]]] = []
-        self.use_count = getattr(torch._C, "_storage_Use_Count", None)
         self._lock = threading.Lock()  # two threads iterating one prefetcher never get one buffer
-
-    def _uses(self, t: torch.Tensor) -> tuple[int, int]:
-        import sys
-
-        st = t.untyped_storage()
-        return self.use_count(st._cdata), sys.getrefcount(st)
-
-    def _idle(self, entry: tuple[torch.Tensor, bool, tuple[int, int]]) -> bool:
-        buf, _, idle = entry
-        return not buf.is_shared() and self._uses(buf) == idle
 
     def take(self, shape: tuple[int, ...], channels_last: bool) -> torch.Tensor:
         import numpy as np
 
         with self._lock:
-            self.pool = [e for e in self.pool if not e[0].is_shared()]
-            for entry in self.pool:
-                if entry[0].shape == shape and entry[1] == channels_last and self._idle(entry):
-                    return entry[0][:]  # a new tensor on the storage: while it is held, the use count shows it
+            self.pool = [e for e in self.pool if not e[0].is_shared()]  # another process's now
+            for buf, cl, mark in self.pool:
+                if buf.shape == shape and cl == channels_last and reuse.idle(buf, mark):
+                    return buf[:]  # a new tensor on the storage: while it is held, the use count shows it
             n, c, h, w = shape
             if channels_last:
                 buf = torch.from_numpy(np.empty((n, h, w, c), dtype=np.float32)).permute(0, 3, 1, 2)
             else:
                 buf = torch.from_numpy(np.empty(shape, dtype=np.float32))
-            if self.use_count is None:
+            if not reuse.trackable():
                 return buf
             if len(self.pool) >= self.keep:  # full: an idle buffer of another shape makes room, else no pooling
-                other = next((e for e in self.pool if self._idle(e)), None)
+                other = next((e for e in self.pool if reuse.idle(e[0], e[2])), None)
                 if other is None:
                     return buf
                 self.pool.remove(other)
-            self.pool.append((buf, channels_last, self._uses(buf)))
+            self.pool.append((buf, channels_last, reuse.holders(buf)))
             return buf[:]
 
 

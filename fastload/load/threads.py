@@ -92,6 +92,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
+from fastload.load import reuse
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.replay import mix_seed
 from fastload.load.transforms import collate_uint8, is_preset, preset_size
@@ -241,28 +242,26 @@ class _Pool:
 
 
 class _Buffers:
-    """Batch buffers: pooled and reused when free (CPU), or from torch's pinned caching allocator."""
+    """Batch buffers: pooled and reused when free (CPU, ``reuse.py``'s rule), or from torch's pinned
+    caching allocator."""
 
     def __init__(self, sample_shape: tuple[int, ...], pin: bool, keep: int) -> None:
         self.sample_shape, self.pin, self.keep = sample_shape, pin, keep
-        self.pool: list[tuple[torch.Tensor, int]] = []
-        self.use_count = getattr(torch._C, "_storage_Use_Count", None)  # private; without it, no reuse
-
-    def _uses(self, t: torch.Tensor) -> int:
-        return self.use_count(t.untyped_storage()._cdata)
+        self.pool: list[tuple[torch.Tensor, tuple[int, int]]] = []
 
     def take(self, n: int) -> torch.Tensor:
         """A ``uint8`` tensor of ``n`` samples that nothing else uses (a new view on its storage)."""
         if self.pin:  # freed blocks come back only after their recorded copies completed
             return torch.empty((n, *self.sample_shape), dtype=torch.uint8, pin_memory=True)
-        if self.use_count is None:
+        if not reuse.trackable():
             return torch.empty((n, *self.sample_shape), dtype=torch.uint8)
-        for buf, idle in self.pool:
-            if buf.shape[0] >= n and self._uses(buf) == idle:  # only the pool holds it: nobody sees the refill
+        self.pool = [(buf, mark) for buf, mark in self.pool if not buf.is_shared()]  # another process's now
+        for buf, mark in self.pool:
+            if buf.shape[0] >= n and reuse.idle(buf, mark):  # only the pool holds it: nobody sees the refill
                 return buf[:n]  # a new tensor on the storage, so holding it shows in the use count
         buf = torch.empty((n, *self.sample_shape), dtype=torch.uint8)
         if len(self.pool) < self.keep:
-            self.pool.append((buf, self._uses(buf)))
+            self.pool.append((buf, reuse.holders(buf)))
         return buf[:n]
 
 

@@ -402,3 +402,21 @@ def test_a_process_whose_loader_thread_is_stuck_forever_still_exits(tmp_path):
     assert raised_after < 2.5, proc.stdout
     # the exit handlers (fastload's iterator finaliser among them) must not wait for the stuck thread
     assert last_handler - left < 2.0, f"the exit handlers took {last_handler - left:.1f} s"
+
+
+def test_batches_whose_storage_alone_is_held_are_never_overwritten(tiny_store):
+    # torch's storage use count misses a bare storage object: the pool must see it too
+    stores = [x.untyped_storage() for x, _ in fast_loader(tiny_store, 2, shuffle=False, batch_size=4,
+                                                             prefetch_factor=1)]
+    assert len({st.data_ptr() for st in stores}) == len(stores) == 6
+
+
+def test_a_batch_shared_with_another_process_leaves_the_pool(tiny_store):
+    loader = fast_loader(tiny_store, 2, shuffle=False, batch_size=4, prefetch_factor=1)
+    it = iter(loader)
+    first, _ = next(it)
+    first.share_memory_()  # as a torch.multiprocessing queue does: another process may read it
+    del first
+    for _ in it:
+        pass
+    assert it._buffers.pool and not any(buf.is_shared() for buf, _ in it._buffers.pool)
