@@ -68,8 +68,8 @@ from fastload.errors import CorruptSampleError, MissingDependencyError, ResumeSt
 from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.load import state as _state
 from fastload.load._shard_order import DEFAULT_WINDOW, ShardOrder
-from fastload.load.tracker import DALITracker
 from fastload.load.skips import check_on_error, record_skip
+from fastload.load.tracker import DALITracker
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD
 from fastload.system import DALI_INSTALL_HINT, dali_available, resolve_device
 
@@ -347,14 +347,11 @@ class DALILoader:
                 images = fn.resize(images, resize_shorter=self.options.resize, interp_type=types.INTERP_LINEAR,
                                    antialias=True)
                 mirror, crop = 0, (self.size, self.size)
-            if self.options.dtype == torch.uint8:  # crop, flip and CHW layout, the pixels as they are
-                images = fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=crop,
-                                                  crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror)
-            else:
-                images = fn.crop_mirror_normalize(
-                    images, dtype=types.FLOAT, output_layout="CHW", crop=crop, crop_pos_x=0.5, crop_pos_y=0.5,
-                    mean=[m * 255 for m in self.options.mean], std=[s * 255 for s in self.options.std],
-                    mirror=mirror)
+            raw = self.options.dtype == torch.uint8  # crop, flip and CHW layout, the pixels as they are
+            norm = {} if raw else dict(mean=[m * 255 for m in self.options.mean],
+                                       std=[s * 255 for s in self.options.std])
+            images = fn.crop_mirror_normalize(images, dtype=types.UINT8 if raw else types.FLOAT, output_layout="CHW",
+                                              crop=crop, crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror, **norm)
             if mixed:
                 labels = labels.gpu()
             return images, labels, index
