@@ -197,10 +197,17 @@ def test_compute_bound_with_two_workers(tmp_path):
 
 @pytest.mark.slow
 def test_data_bound_with_two_workers(tmp_path):
-    # 2 workers x (4 x 15 ms) = a batch every 30 ms; a 10 ms step: truth 20 / 30 = 0.67
-    summary, _ = profile_script(tmp_path, sample_sleep=0.015, step_sleep=0.010, workers=2)
+    # 2 workers x (4 x 15 ms) = a batch every 30 ms; a 10 ms step: constructed truth 20 / 30 = 0.67. On a
+    # loaded machine the sleeps overrun and the step's own work grows (CI once measured 0.59 here, 0.077
+    # off), so the figure is held tightly to the script's own clock over the same steps, and loosely to the
+    # constructed truth, which still tells input-bound from compute-bound.
+    own = tmp_path / "own-clock.txt"
+    summary, _ = profile_script(tmp_path, sample_sleep=0.015, step_sleep=0.010, workers=2,
+                                env={"OWN_CLOCK": str(own)})
     truth = (4 * 0.015 / 2 - 0.010) / (4 * 0.015 / 2)
-    assert abs(summary["data_wait_fraction"] - truth) < 0.07, summary["data_wait_fraction"]
+    measured = own_wait_fraction(own, warmup=3, steps=30)
+    assert abs(summary["data_wait_fraction"] - measured) < 0.03, (summary["data_wait_fraction"], measured)
+    assert abs(summary["data_wait_fraction"] - truth) < 0.15, summary["data_wait_fraction"]
     assert summary["verdict"].startswith("input-bound")
     assert "not CPU-bound" in summary["verdict"]
     top = summary["recommendations"][0]
