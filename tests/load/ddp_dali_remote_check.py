@@ -29,6 +29,7 @@ def main(url: str, cache_dir: str, out: str, limit: str, window: str) -> None:
         for _epoch in range(2):
             dist.barrier()  # every rank is here (no loop or prefetch of this epoch begun) when the log is read
             before = len(cache.node_downloads(cache_dir))
+            dist.barrier()  # and every rank has read it before any starts the epoch
             got, batches = [], 0
             for _x, _y, index in loader:
                 dist.all_reduce(torch.ones(1))  # DDP's gradient sync: no rank runs more than a step ahead

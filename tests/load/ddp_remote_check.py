@@ -49,6 +49,7 @@ def main(url, cache_dir, out, limit, mode, workers, window=None):
         loader.load_state_dict(torch.load(f"{out}/state.pt", weights_only=False))
     for epoch in range(2 if mode == "full" else 1):
         before = len(cache.node_downloads(cache_dir))
+        dist.barrier()  # every rank has read the counter before any starts the epoch (and downloads)
         got = []
         for b, batch in enumerate(loader):
             got += [int(i) for i in batch]
