@@ -26,8 +26,10 @@ and WebDataset end in ``PILToTensor``, DALI's ``crop_mirror_normalize`` writes `
 fastload hands its batches on as they are, SPDL's channels-last batches are made contiguous
 NCHW in the timed loop; FFCV is not run in that form).
 
-Two floors per core, measured on each store a path reads (``store_floors``, interleaved
-rounds of tight one-thread loops on the same records): **decode alone** (each record's crop
+Two floors per core, measured on each store a path reads (``store_floors``, tight one-thread
+loops on the same records), in every round as an arm of its own beside the paths, so each round's
+images/s is held to the ceiling measured in that round (a shared machine's speed moves between
+minutes: in one session the preset floor moved 1,092-1,651 images/s between runs): **decode alone** (each record's crop
 decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
 preset's whole per-image work** (``train_transform().from_bytes``: header, draws, decode,
 resize, flip), with the preset/decode ratio per round; and **normalisation per batch** (one
@@ -36,7 +38,8 @@ buffer as ``DevicePrefetcher`` writes it). The ceiling every path is reported ag
 ceiling", what the pipeline costs beyond the work every path must do) is, per core, the
 preset's whole work plus the normalisation of its image (normalised float batches), or the
 preset's work alone (``uint8`` batches), times the worker count; the decode floor times the
-workers is the other column ("of decode", what preset and pipeline cost beyond the decode). A
+workers is the other column ("of decode", what preset and pipeline cost beyond the decode). "Of
+ceiling" is the median over the rounds of each round's fraction, with their spread. A
 reduced-resolution store has its own floors (it is different data; its ratio to
 torchvision compares against the original files, which is the choice a user has).
 
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -128,6 +132,8 @@ class PathResult:
     round_ratios: list[float] = field(default_factory=list)
     ceiling_per_core: float | None = None
     decode_floor_per_core: float | None = None
+    #: per round: images/s over that round's ceiling (the floors measured in the same round)
+    ceiling_fractions: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,6 +165,16 @@ class Floors:
         normalisation unless the batches stay ``uint8``."""
         return self.preset_per_core if uint8 else 1e6 / (self.preset_us + self.normalise_us)
 
+    @staticmethod
+    def combine(rounds: list[Floors]) -> Floors:
+        """The floors of several rounds: the median of each, and the spread of the per-round cost ratios."""
+        med = statistics.median
+        ratios = sorted(f.preset_over_decode[1] for f in rounds)
+        return Floors(decode_per_core=med(f.decode_per_core for f in rounds),
+                      preset_per_core=med(f.preset_per_core for f in rounds),
+                      normalise_ms=med(f.normalise_ms for f in rounds), batch_size=rounds[0].batch_size,
+                      preset_over_decode=(ratios[0], med(ratios), ratios[-1]))
+
 
 @dataclass
 class LoaderBench:
@@ -177,9 +193,10 @@ class LoaderBench:
         return self.ceiling_per_core * max(1, self.options.workers) if self.ceiling_per_core else None
 
     def _of_ceiling(self, r: PathResult) -> float | None:
-        if r.images_per_s is None or r.ceiling_per_core is None:
+        """The median over the rounds of images/s over the ceiling measured in the same round."""
+        if r.images_per_s is None or not r.ceiling_fractions:
             return None
-        return r.images_per_s / (r.ceiling_per_core * max(1, self.options.workers))
+        return float(statistics.median(r.ceiling_fractions))
 
     def _of_decode(self, r: PathResult) -> float | None:
         if r.images_per_s is None or r.decode_floor_per_core is None:
@@ -195,7 +212,7 @@ class LoaderBench:
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, {out}, median of {o.rounds} rounds "
                  f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"
-                 f"{'of decode':>11}"]
+                 f"{'(per round)':>13}{'of decode':>11}"]
         for r in self.results:
             if r.images_per_s is None:
                 lines.append(f"{r.name:<{w}}{'skipped':>10}  {r.skipped}")
@@ -206,13 +223,16 @@ class LoaderBench:
                       f"{r.round_ratios[0]:.2f}x")
             frac, dec = self._of_ceiling(r), self._of_decode(r)
             mark = "†" if r.name.startswith("fastload (threads, max-side") else " "
+            fr = r.ceiling_fractions
+            per = f"{min(fr):.0%}-{max(fr):.0%}" if fr else "-"
             lines.append((f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
-                          + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}")
+                          + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}") + f"{per:>13}"
                           + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}")).rstrip())
         f = self.floors
         if f is not None:
             lo, mid, hi = f.preset_over_decode
-            lines.append(f"floors per core (full-resolution store, one thread, interleaved rounds): decode alone "
+            lines.append(f"floors per core (full-resolution store, one thread, measured in every round beside the paths, "
+                         f"medians): decode alone "
                          f"{f.decode_per_core:.0f} images/s ({f.decode_us:.0f} us/image, at the DCT scale or region "
                          f"the preset uses); the preset's whole work {f.preset_per_core:.0f} images/s "
                          f"({f.preset_us:.0f} us/image) = {mid:.2f}x the decode (per round {lo:.2f}-{hi:.2f}x); "
@@ -220,8 +240,9 @@ class LoaderBench:
         if self.ceiling_per_core:
             what = "the preset floor" if o.uint8 else "the preset's work + normalising its image"
             lines.append(f"ceiling: {what}, {self.ceiling_per_core:.0f} images/s per core x "
-                         f"{max(1, o.workers)} = {self.ceiling:.0f}; 'of decode': against the decode floor x "
-                         f"{max(1, o.workers)}")
+                         f"{max(1, o.workers)} = {self.ceiling:.0f} (median); 'of ceiling' is the median over the "
+                         "rounds of each round's images/s against that round's ceiling; 'of decode': against the "
+                         f"decode floor x {max(1, o.workers)}")
         reduced = next((r for r in self.results
                         if r.name.startswith("fastload (threads, max-side") and r.ceiling_per_core),
                        None)
@@ -242,6 +263,7 @@ class LoaderBench:
                            "ratio": (r.images_per_s / self.baseline) if r.images_per_s and self.baseline else None,
                            "ceiling_per_core": r.ceiling_per_core,
                            "fraction_of_ceiling": self._of_ceiling(r),
+                           "round_fractions_of_ceiling": r.ceiling_fractions,
                            "decode_floor_per_core": r.decode_floor_per_core,
                            "fraction_of_decode_floor": self._of_decode(r),
                            "skipped": r.skipped} for r in self.results]}
@@ -523,10 +545,16 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         add("ffcv", prep_ffcv, reads=store, missing="not run with uint8 batches (its recipe normalises)" if o.uint8
             else None if importlib.util.find_spec("ffcv") else
             "ffcv is not importable (it needs libopencv-dev, libturbojpeg0-dev, pkg-config, then pip install ffcv)")
-        order = [n for n in ALL_PATHS if n in builders]
+        order: list[str] = [n for n in ALL_PATHS if n in builders]
+        # the floors are arms of the rounds too: a shared machine's speed moves between minutes, and a path is
+        # held to the ceiling measured in its own round, not to one measured before or after all of them
+        floor_arms = {f"floors {p}": p for p in dict.fromkeys(stores.values())}
+        order += list(floor_arms)
 
-        def measure(name: str, k: int) -> float | None:
+        def measure(name: str, k: int) -> float | Floors | None:
             pbar.update()
+            if name in floor_arms:
+                return store_floors(floor_arms[name], o.image_size, o.batch_size, rounds=1)
             if results[name].skipped:
                 return None
             try:
@@ -551,14 +579,17 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                 if base is not None and base.values:
                     r.round_ratios = arm.ratios_to(base)
             ordered.append(r)
-        floors: dict[str, Floors] = {}
+        floors: dict[Path, Floors] = {p: Floors.combine(arms[a].values) for a, p in floor_arms.items()
+                                      if arms[a].values}
         for name, path in stores.items():
-            key = str(path)
-            if results[name].images_per_s is not None:
-                if key not in floors:
-                    floors[key] = store_floors(path, o.image_size, o.batch_size)
-                results[name].ceiling_per_core = floors[key].ceiling_per_core(o.uint8)
-                results[name].decode_floor_per_core = floors[key].decode_per_core
-    full_floors = floors.get(str(store))
+            r = results[name]
+            if r.images_per_s is None or path not in floors:
+                continue
+            r.ceiling_per_core = floors[path].ceiling_per_core(o.uint8)
+            r.decode_floor_per_core = floors[path].decode_per_core
+            by_round = dict(zip(arms[f"floors {path}"].rounds, arms[f"floors {path}"].values))
+            r.ceiling_fractions = [v / (by_round[k].ceiling_per_core(o.uint8) * max(1, o.workers))
+                                   for v, k in zip(r.rounds, r.order) if k in by_round]
+    full_floors = floors.get(store)
     return LoaderBench(o, ordered, full_floors.ceiling_per_core(o.uint8) if full_floors else None, environment(),
                        full_floors)
