@@ -92,6 +92,7 @@ class LoaderBenchOptions:
             worker processes do not.
         uint8: every path hands out ``uint8`` batches, not normalised (a GPU host's case; the
             module docstring), instead of normalised float32.
+        floor_seconds: how long each floor's loop (decode, preset, normalise) runs in each round.
     """
 
     workers: int = 2
@@ -106,10 +107,13 @@ class LoaderBenchOptions:
     step_ms: float = 0.0
     host_ms: float = 0.0
     uint8: bool = False
+    floor_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         from fastload.image.policy import ENCODING_CHOICES
 
+        if self.floor_seconds <= 0:
+            raise ValueError(f"floor_seconds must be > 0, got {self.floor_seconds}")
         if self.step_ms < 0 or self.host_ms < 0:
             raise ValueError(f"step_ms and host_ms must be >= 0, got {self.step_ms}, {self.host_ms}")
         if self.workers < 0 or self.batch_size < 1 or self.batches < 1 or self.rounds < 1 or self.warmup < 0:
@@ -554,7 +558,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         def measure(name: str, k: int) -> float | Floors | None:
             pbar.update()
             if name in floor_arms:
-                return store_floors(floor_arms[name], o.image_size, o.batch_size, rounds=1)
+                return store_floors(floor_arms[name], o.image_size, o.batch_size, seconds=o.floor_seconds, rounds=1)
             if results[name].skipped:
                 return None
             try:

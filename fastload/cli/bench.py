@@ -72,6 +72,9 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               help="Timed batches per path per round.")
 @click.option("--rounds", type=click.IntRange(min=1), default=Default(LOADER, "rounds"), show_default=True,
               help="Interleaved rounds (path order rotated each round); the median is reported.")
+@click.option("--floor-seconds", type=click.FloatRange(min=0, min_open=True),
+              default=Default(LOADER, "floor_seconds"), show_default=True,
+              help="Seconds each floor loop (decode alone, the preset's work, normalise) runs in every round.")
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
               help="Also time a store packed with --max-side N (different data: labelled so).")
 @click.option("--reduced-encoding", type=click.Choice(["jpeg", "raw", "auto"]),
@@ -100,8 +103,8 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               "compared with each other; needs `pip install fastload[dali]`.")
 @json_out_option
 @friendly
-def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, max_side, reduced_encoding, paths,
-                     step_ms, host_ms, uint8, remote, mosaic, litdata, dali, json_out) -> None:
+def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, floor_seconds, max_side,
+                     reduced_encoding, paths, step_ms, host_ms, uint8, remote, mosaic, litdata, dali, json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -129,7 +132,8 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
 
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
                               rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
-                              paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms, uint8=uint8)
+                              paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms, uint8=uint8,
+                              floor_seconds=floor_seconds)
     result = bench_loader(data_or_default(data), store=store, options=opts)
     emit(result, json_out)
 

@@ -16,7 +16,7 @@ from fastload.cli import main
 from fastload.pack.convert import validator_options
 from helpers import photo
 
-TINY = ["--workers", "1", "--batch-size", "4", "--image-size", "32", "--batches", "2"]
+TINY = ["--workers", "1", "--batch-size", "4", "--image-size", "32", "--batches", "2", "--floor-seconds", "0.1"]
 
 
 def test_doctor_prints_the_worker_plan_and_the_one_environment_record():
@@ -93,7 +93,8 @@ def test_bench_loader_rotates_order_and_times_each_path_alone(tiny_tree, monkeyp
     monkeypatch.setattr(bl, "_time", spy)
     paths = ("torchvision", "fastload", "webdataset") if importlib.util.find_spec("webdataset") else \
         ("torchvision", "fastload")
-    opts = bl.LoaderBenchOptions(workers=1, batch_size=4, image_size=32, batches=2, warmup=1, rounds=2, paths=paths)
+    opts = bl.LoaderBenchOptions(workers=1, batch_size=4, image_size=32, batches=2, warmup=1, rounds=2, paths=paths,
+                                 floor_seconds=0.1)
     bench = bl.bench_loader(tiny_tree, options=opts, progress=False)
     assert [r.name for r in bench.results] == list(paths)
     modules = [m for m, _ in seen]
@@ -110,8 +111,8 @@ def test_bench_loader_webp_folder_and_a_failing_path_is_skipped(tmp_path, monkey
         (tree / c).mkdir(parents=True)
         for k in range(4):
             photo(64 + 8 * k, 48, seed=k).save(tree / c / f"{k}.webp" if k % 2 else tree / c / f"{k}.jpg")
-    opts = bl.LoaderBenchOptions(workers=1, batch_size=4, image_size=32, batches=2, warmup=1, rounds=1,
-                                 paths=("torchvision", "fastload", "webdataset"))
+    opts = bl.LoaderBenchOptions(workers=1, batch_size=4, image_size=32, batches=2, warmup=1, floor_seconds=0.1,
+                                 rounds=1, paths=("torchvision", "fastload", "webdataset"))
     if importlib.util.find_spec("webdataset") is not None:
         bench = bl.bench_loader(tree, options=opts, progress=False)
         wds = next(r for r in bench.results if r.name == "webdataset")
@@ -206,8 +207,8 @@ def test_bench_loader_uint8_times_every_path_to_uint8_batches(tiny_tree, tmp_pat
 def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_tree):
     import fastload.bench.loader as bl
 
-    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, rounds=1,
-                                 paths=("fastload", "fastload-threads"))
+    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, floor_seconds=0.1,
+                                 rounds=1, paths=("fastload", "fastload-threads"))
     by = {r.name: r for r in bl.bench_loader(tiny_tree, options=opts, progress=False).results}
     assert by["fastload (threads)"].skipped is None and by["fastload (threads)"].images_per_s > 0
     assert by["fastload"].images_per_s > 0
@@ -293,8 +294,8 @@ def test_spdl_path_runs_in_bench_loader_or_is_skipped_with_the_install_hint(tiny
     import fastload.bench._spdl_path as sp
     import fastload.bench.loader as bl
 
-    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, rounds=2,
-                                 paths=("torchvision", "spdl"))
+    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, floor_seconds=0.1,
+                                 rounds=2, paths=("torchvision", "spdl"))
     if importlib.util.find_spec("spdl") is not None:
         by = {r.name: r for r in bl.bench_loader(tiny_tree, options=opts, progress=False).results}
         assert by["spdl"].skipped is None and len(by["spdl"].rounds) == 2 and by["spdl"].images_per_s > 0

@@ -56,6 +56,7 @@ def test_bench_loader_reduced_store_can_be_raw(tiny_tree, tmp_path, monkeypatch)
     monkeypatch.setattr(pc, "convert", lambda src, dst, opts: seen.append(opts) or real(src, dst, opts))
     r = CliRunner().invoke(main, ["bench", "loader", str(tiny_tree), "--workers", "1", "--batch-size", "4",
                                   "--image-size", "32", "--batches", "1", "--rounds", "1", "--max-side", "48",
+                                  "--floor-seconds", "0.1",
                                   "--reduced-encoding", "raw", "--path", "torchvision", "--path", "fastload-reduced"])
     assert r.exit_code == 0, r.output
     assert "fastload (threads, max-side 48, raw)" in r.output and "different data: the max-side 48 store" in r.output
