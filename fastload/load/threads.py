@@ -65,7 +65,9 @@ long before terminating it); the threads hold no reference to the iterator, so a
 abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch not ready
 within it raises torch's "DataLoader timed out after N seconds" (naming the samples still
 being read) at once, without waiting for the stuck thread; that daemon thread ends when its
-read returns, and never keeps the process from exiting (no join at interpreter exit).
+read returns, and never keeps the process from exiting. At interpreter exit an iterator still
+alive stops its pool the same way (its threads end after their current sample): a daemon
+thread left inside a torch or decoder call while CPython finalises would abort the process.
 
 torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
 nothing to act on (a pool starts per epoch, in microseconds); batches always come in
@@ -393,9 +395,13 @@ class ThreadBatchIterator(Iterator):
         self._inflight: deque[_Batch] = deque()
         self._exhausted = self._closed = False
         self._pool = _Pool(n, stopping) if n > 0 else None
+        # also run at interpreter exit (weakref.finalize's atexit, before CPython stops daemon threads): a
+        # daemon thread still inside a torch or decoder call when the interpreter finalises is ended by
+        # pthread_exit, whose unwinding through C++ frames aborts the process ("terminate called without an
+        # active exception", exit status 134), so a script that ends with an iterator alive must stop the
+        # pool first. The threads end after their current sample; a stuck one is waited for at most
+        # JOIN_TIMEOUT_S (after a timeout error, not at all: ``_timed_out`` detaches this)
         self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
-        if self._closer is not None:  # at interpreter exit the daemon threads just end: no join
-            self._closer.atexit = False
         try:  # the order is drawn now, not at the first next(): a state taken before it then holds it
             self._fill(self._depth if self._pool is not None else 1)
         except BaseException:
