@@ -22,6 +22,7 @@ Must not: know about HTTP (``http.py``) or about other replicas (``replicas.py``
 
 from __future__ import annotations
 
+import atexit
 import collections
 import concurrent.futures
 import logging
@@ -45,6 +46,10 @@ from fastload.stats import percentiles
 __all__ = ["DynamicBatcher", "BatchPolicy", "RequestTiming", "DTYPES", "SERVE_MAX_PIXELS"]
 
 log = logging.getLogger("fastload.serve")
+
+# how long the exit handler waits for the batch already in the model (a stuck model is then left to the
+# interpreter, as before)
+EXIT_JOIN_S = 10.0
 
 
 @dataclass
@@ -183,6 +188,12 @@ class DynamicBatcher:
         self._accepting, self._stopping = True, False
         self._thread = threading.Thread(target=self._loop, name=f"fastload-batcher-{self.name}", daemon=True)
         self._thread.start()
+        # a script that ends without stop(): CPython ends daemon threads with pthread_exit while it finalises,
+        # and the batcher's thread, caught inside the model or a torch op, unwinds through C++ frames and
+        # aborts the process ("terminate called without an active exception", exit status 134; 6 of 6 runs
+        # of a CPU model with work queued). At exit the batcher stops first: queued work is cancelled, the
+        # batch in the model finishes (waited for at most EXIT_JOIN_S)
+        atexit.register(self._stop_at_exit)
         self.ready.set()
         log.info("DynamicBatcher %s ready after %.2fs warm-up", self.name, self._stats.warmup_s)
         return self
@@ -210,7 +221,11 @@ class DynamicBatcher:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+            atexit.unregister(self._stop_at_exit)
         self._pool.shutdown(wait=drain, cancel_futures=not drain)
+
+    def _stop_at_exit(self) -> None:
+        self.stop(drain=False, timeout=EXIT_JOIN_S)
 
     def __enter__(self) -> DynamicBatcher:
         return self.start()
