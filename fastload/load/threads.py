@@ -17,7 +17,9 @@ Two paths, chosen per loader:
   ``uint8`` CHW image straight into its slot of the batch buffer, so there is no collate.
   Buffers are reused, and reuse is safe by construction rather than by a contract the
   user must remember: a batch handed out is the caller's for as long as it holds it,
-  exactly as with torch's DataLoader.
+  exactly as with torch's DataLoader. The buffer is ``torch.channels_last`` when the preset
+  is (``channels_last=True``) and the collate ``collate_uint8``, as that collate makes it
+  under worker processes; under ``default_collate`` it is contiguous NCHW, as torch's is.
 
   - Without CUDA, buffers come from a small pool; a buffer is refilled only when no
     tensor anywhere (the batch, a view or a numpy array of it) still uses its storage
@@ -247,21 +249,23 @@ class _Buffers:
     """Batch buffers: pooled and reused when free (CPU, ``reuse.py``'s rule), or from torch's pinned
     caching allocator."""
 
-    def __init__(self, sample_shape: tuple[int, ...], pin: bool, keep: int) -> None:
-        self.sample_shape, self.pin, self.keep = sample_shape, pin, keep
+    def __init__(self, sample_shape: tuple[int, ...], pin: bool, keep: int,
+                 memory_format: torch.memory_format = torch.contiguous_format) -> None:
+        self.sample_shape, self.pin, self.keep, self.fmt = sample_shape, pin, keep, memory_format
         self.pool: list[tuple[torch.Tensor, tuple[int, int]]] = []
 
     def take(self, n: int) -> torch.Tensor:
         """A ``uint8`` tensor of ``n`` samples that nothing else uses (a new view on its storage)."""
         if self.pin:  # freed blocks come back only after their recorded copies completed
-            return torch.empty((n, *self.sample_shape), dtype=torch.uint8, pin_memory=True)
+            return torch.empty((n, *self.sample_shape), dtype=torch.uint8, pin_memory=True,
+                               memory_format=self.fmt)
         if not reuse.trackable():
-            return torch.empty((n, *self.sample_shape), dtype=torch.uint8)
+            return torch.empty((n, *self.sample_shape), dtype=torch.uint8, memory_format=self.fmt)
         self.pool = [(buf, mark) for buf, mark in self.pool if not buf.is_shared()]  # another process's now
         for buf, mark in self.pool:
             if buf.shape[0] >= n and reuse.idle(buf, mark):  # only the pool holds it: nobody sees the refill
                 return buf[:n]  # a new tensor on the storage, so holding it shows in the use count
-        buf = torch.empty((n, *self.sample_shape), dtype=torch.uint8)
+        buf = torch.empty((n, *self.sample_shape), dtype=torch.uint8, memory_format=self.fmt)
         if len(self.pool) < self.keep:
             self.pool.append((buf, reuse.holders(buf)))
         return buf[:n]
@@ -313,6 +317,8 @@ class _Job:
                        and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
+            self.memory_format = (torch.channels_last if getattr(self.dataset.transform, "channels_last", False) is True
+                                  and self.collate_fn is collate_uint8 else torch.contiguous_format)
 
     def run(self, batch: _Batch, pos: int) -> None:
         try:
@@ -391,7 +397,8 @@ class ThreadBatchIterator(Iterator):
         keep = (self._tuner.options.max_depth if self._tuner is not None else self._depth) + 2
         stopping = threading.Event()
         self._job = _Job(loader, self.sample_seed, self.epoch, self.fast, stopping)
-        self._buffers = _Buffers(self._job.shape, self._job.pin, keep=keep) if self.fast else None
+        self._buffers = _Buffers(self._job.shape, self._job.pin, keep=keep,
+                                                 memory_format=self._job.memory_format) if self.fast else None
         self._inflight: deque[_Batch] = deque()
         self._exhausted = self._closed = False
         self._pool = _Pool(n, stopping) if n > 0 else None

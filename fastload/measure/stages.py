@@ -70,7 +70,8 @@ class StageOptions:
         prefetch_factor: batches each worker keeps ready (None: torch's default).
         device: where batches are handed out (``"cpu"``, ``"cuda"``, a ``torch.device``).
         seed: shuffling seed where the loader takes one.
-        channels_last: hand out ``torch.channels_last`` images.
+        channels_last: hand out ``torch.channels_last`` images (fastload's presets write them so on
+            the CPU, ``channels_last=True``; the other stages convert their batches).
         pin_memory: None: pinned when the device is CUDA (``baseline`` never pins).
         read_delay_ms: emulated latency of opening a file (a network file system); see
             ``FileOpenDelay``. DALI stages cannot apply it and are skipped when it is set.
@@ -288,7 +289,8 @@ def _fast(data: StageData, o: StageOptions) -> BuiltStage:
     from fastload.load.transforms import collate_uint8, train_transform
 
     workers = o.resolved_workers("auto")
-    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
+    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size, channels_last=o.channels_last)), o,
+                  one_file=True)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=True, collate=collate_uint8)
     return BuiltStage("fast", _to_device(loader, o), workers, _fast_normalises(o))
 
@@ -298,7 +300,8 @@ def _thread_stage(name: str, data: StageData, o: StageOptions, *, autotune: bool
     from fastload.load.transforms import collate_uint8, train_transform
 
     threads = o.resolved_workers("auto") or 1
-    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size)), o, one_file=True)
+    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size, channels_last=o.channels_last)), o,
+                  one_file=True)
     loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
                            backend="threads", autotune=autotune)
     return BuiltStage(name, _to_device(loader, o), threads, _fast_normalises(o))

@@ -433,6 +433,25 @@ def test_a_script_that_ends_with_an_iterator_mid_epoch_exits_cleanly(tmp_path):
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr)
 
 
+@pytest.mark.parametrize("backend, threads", [("threads", 2), ("threads", 0), ("processes", 2)])
+def test_a_channels_last_preset_gives_channels_last_batches_of_the_same_values(tiny_store, backend, threads):
+    def batches(channels_last: bool, collate):
+        ds = LMDBImageDataset(tiny_store, transform=train_transform(32, channels_last=channels_last))
+        return list(DataLoader(ds, batch_size=5, shuffle=True, num_workers=threads, backend=backend,
+                               generator=torch.Generator().manual_seed(3), collate_fn=collate))
+
+    from fastload.load.transforms import collate_uint8
+
+    planar, cl = batches(False, collate_uint8), batches(True, collate_uint8)
+    assert len(planar) == len(cl) == 5
+    for (a, la), (b, lb) in zip(planar, cl):
+        assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    # torch's default_collate makes contiguous batches whatever the samples' layout: so does the fast path
+    for (a, _), (b, _) in zip(planar, batches(True, None)):
+        assert b.is_contiguous() and torch.equal(a, b)
+
+
 def test_batches_whose_storage_alone_is_held_are_never_overwritten(tiny_store):
     # torch's storage use count misses a bare storage object: the pool must see it too
     stores = [x.untyped_storage() for x, _ in fast_loader(tiny_store, 2, shuffle=False, batch_size=4,

@@ -191,3 +191,39 @@ def test_region_decode_of_corrupt_jpeg_raises_badimage():
     data = jpeg_bytes(photo(64, 64))
     with pytest.raises(BadImage):
         decode_rgb_region(data[: len(data) // 2], 0, 0, 32, 32)
+
+
+def _channels_last(images: torch.Tensor) -> bool:
+    return images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+
+
+@pytest.mark.parametrize("hw", [(260, 300), (900, 700), (112, 112)])  # 112: a crop that needs no resize
+def test_channels_last_presets_give_the_same_values_laid_out_channels_last(hw):
+    data = jpeg_bytes(photo(hw[1], hw[0], seed=5))
+    kw = {"scale": (1.0, 1.0), "ratio": (1.0, 1.0)} if hw == (112, 112) else {}
+    planar, cl = TrainTransform(112, **kw), TrainTransform(112, channels_last=True, **kw)
+    for seed in range(12):
+        a = planar.from_bytes(data, torch.Generator().manual_seed(seed))
+        b = cl.from_bytes(data, torch.Generator().manual_seed(seed))
+        assert torch.equal(a, b)
+        assert a.is_contiguous(), a.stride()  # the default layout never depends on the image
+        assert _channels_last(b[None]), b.stride()
+    img = photo(hw[1], hw[0], seed=6)
+    for planar, cl in ((EvalTransform(96, 112), EvalTransform(96, 112, channels_last=True)),
+                       (EvalTransform(112, 112), EvalTransform(112, 112, channels_last=True))):
+        for a, b in ((planar.from_bytes(data), cl.from_bytes(data)), (planar(img), cl(img))):
+            assert torch.equal(a, b)
+            assert b.stride(0) == 1 and b.stride(2) == 3  # a center crop of a channels-last image
+            assert collate_uint8([(a, 0)])[0].is_contiguous() and _channels_last(collate_uint8([(b, 0)])[0])
+    assert "channels_last=True" in repr(cl) and "channels_last" not in repr(planar)
+
+
+def test_collate_uint8_keeps_a_channels_last_layout_only_when_every_sample_has_it():
+    hwc = [torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8) for _ in range(4)]
+    cl = [(x.permute(2, 0, 1), i) for i, x in enumerate(hwc)]
+    planar = [(x.permute(2, 0, 1).contiguous(), i) for i, x in enumerate(hwc)]
+    a, la = collate_uint8(planar)
+    b, lb = collate_uint8(cl)
+    assert a.is_contiguous() and _channels_last(b) and torch.equal(a, b) and torch.equal(la, lb)
+    mixed, _ = collate_uint8(cl[:2] + planar[2:])
+    assert mixed.is_contiguous() and torch.equal(mixed, a)
