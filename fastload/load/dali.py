@@ -350,7 +350,9 @@ class DALILoader:
             raw = self.options.dtype == torch.uint8  # crop, flip and CHW layout, the pixels as they are
             norm = {} if raw else dict(mean=[m * 255 for m in self.options.mean],
                                        std=[s * 255 for s in self.options.std])
-            images = fn.crop_mirror_normalize(images, dtype=types.UINT8 if raw else types.FLOAT, output_layout="CHW",
+            # channels_last: written HWC (interleaved, as decoded) and handed out as its NCHW view, not transposed
+            layout = "HWC" if self.options.channels_last else "CHW"
+            images = fn.crop_mirror_normalize(images, dtype=types.UINT8 if raw else types.FLOAT, output_layout=layout,
                                               crop=crop, crop_pos_x=0.5, crop_pos_y=0.5, mirror=mirror, **norm)
             if mixed:
                 labels = labels.gpu()
@@ -457,8 +459,8 @@ class DALILoader:
                 continue
             failures = 0
             images, labels = out["images"], out["labels"].view(-1).to(torch.int64)
-            if self.options.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
+            if self.options.channels_last:  # NHWC from the pipeline: its NCHW view is channels-last already
+                images = images.permute(0, 3, 1, 2)
             if images.dtype != self.options.dtype:
                 images = images.to(self.options.dtype)
             k += 1

@@ -72,6 +72,20 @@ def test_uint8_batches_are_the_float_batches_before_the_normalise(tiny_store, tr
 
 
 @dali
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=gpu)])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_channels_last_batches_are_the_same_values_written_channels_last(tiny_store, device, dtype):
+    from fastload.dali import DALIOptions
+
+    planar = [x for x, _ in loader(tiny_store, seed=3, device=device, options=DALIOptions(dtype=dtype))]
+    cl = [x for x, _ in loader(tiny_store, seed=3, device=device, options=DALIOptions(dtype=dtype, channels_last=True))]
+    assert len(planar) == len(cl) == 5
+    for a, b in zip(planar, cl):  # the pipeline writes HWC: handed out as its NCHW view, no transpose
+        assert a.is_contiguous() and b.is_contiguous(memory_format=torch.channels_last) and not b.is_contiguous()
+        assert b.dtype == dtype and b.shape == a.shape and torch.equal(a, b)
+
+
+@dali
 def test_a_dtype_that_is_neither_float_nor_uint8_is_refused():
     from fastload.dali import DALIOptions
 
