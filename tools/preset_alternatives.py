@@ -8,11 +8,13 @@ Arms, in µs per image (median of rounds and min-max) and as a ratio to ``decode
 
 * ``decode``: ``TrainTransform.decode_crop`` alone (DCT scale or region, as the preset);
 * ``preset``: ``train_transform(size).from_bytes`` as it is now;
+* ``preset-channels-last``: the same with ``channels_last=True`` (same bytes, written
+  channels-last: no planar scatter in the resize kernel);
 * ``preset-before``: the same preset as it was before #30 (an ``item()`` per draw and fresh
   tensors, the flip drawn with ``rand(1) < p``, torch's ``permute`` and slicing,
   ``F.interpolate`` with its argument checks);
 * on the decoded crops only (decode excluded): ``resize-torch`` (the kernel the preset uses,
-  exact to torchvision), ``resize-pil`` (Pillow ``reduce`` + BILINEAR, not exact),
+  exact to torchvision), ``resize-torch-cl`` (the same kernel writing channels-last), ``resize-pil`` (Pillow ``reduce`` + BILINEAR, not exact),
   ``resize-cv2`` (OpenCV ``INTER_AREA``, not exact; skipped when cv2 is not importable),
   ``resize+flip+copy`` (torch's kernel, then the flip fused into the copy into a batch
   slot with numpy's negative stride) against ``resize,flip,copy`` (as the thread pipeline does).
@@ -49,6 +51,7 @@ def main() -> None:
     torch.set_num_threads(1)
     size = args.size
     tf = train_transform(size)
+    tf_cl = train_transform(size, channels_last=True)
     ds = LMDBImageDataset(args.store)
     blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
     drawn = [tf.draw(b, torch.Generator().manual_seed(k)) for k, b in enumerate(blobs)]
@@ -81,6 +84,10 @@ def main() -> None:
     def resize_torch(k: int) -> torch.Tensor:
         return torch._C._nn._upsample_bilinear2d_aa(crops[k].unsqueeze(0), [size, size], False, None)[0]
 
+    def resize_torch_cl(k: int) -> torch.Tensor:
+        out = torch.empty((1, 3, size, size), dtype=torch.uint8, memory_format=torch.channels_last)
+        return torch._C._nn._upsample_bilinear2d_aa(crops[k].unsqueeze(0), [size, size], False, None, out=out)[0]
+
     def separate(k: int) -> None:
         out = resize_torch(k)
         slot.copy_(out.flip(-1) if drawn[k][6] else out)
@@ -99,8 +106,10 @@ def main() -> None:
     arms = {
         "decode": lambda k: tf.decode_crop(blobs[k], drawn[k]),
         "preset": lambda k: tf.from_bytes(blobs[k], gens[k].manual_seed(k)),
+        "preset-channels-last": lambda k: tf_cl.from_bytes(blobs[k], gens[k].manual_seed(k)),
         "preset-before": lambda k: before(blobs[k], gens[k].manual_seed(k)),
         "resize-torch": resize_torch,
+        "resize-torch-cl": resize_torch_cl,
         "resize-pil": resize_pil,
         "resize,flip,copy": separate,
         "resize+flip+copy": fused,
@@ -118,6 +127,8 @@ def main() -> None:
         fused(k)
         assert torch.equal(a, slot), "the fused flip+copy must give the same bytes"
         assert torch.equal(tf.from_bytes(blobs[k], gens[k].manual_seed(k)), before(blobs[k], gens[k].manual_seed(k)))
+        assert torch.equal(tf.from_bytes(blobs[k], gens[k].manual_seed(k)), tf_cl.from_bytes(blobs[k], gens[k].manual_seed(k)))
+        assert torch.equal(resize_torch(k), resize_torch_cl(k))
 
     def measure(name: str, _round: int) -> float:
         fn, n, t0 = arms[name], 0, time.perf_counter()
@@ -140,6 +151,8 @@ def main() -> None:
     pre, old = res["preset"], res["preset-before"]
     r = sorted(p / o for p, o in zip(pre.values, old.values))
     print(f"preset / preset-before per round: {r[len(r) // 2]:.3f} ({r[0]:.3f}-{r[-1]:.3f})")
+    r = sorted(c / p for c, p in zip(res["preset-channels-last"].values, pre.values))
+    print(f"preset-channels-last / preset per round: {r[len(r) // 2]:.3f} ({r[0]:.3f}-{r[-1]:.3f})")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,12 @@ DALI and FFCV normalise in their own pipelines. With ``uint8`` (``--uint8``) the
 GPU host's: ``uint8`` NCHW batches, cropped, resized and flipped, not normalised (torchvision
 and WebDataset end in ``PILToTensor``, DALI's ``crop_mirror_normalize`` writes ``uint8``,
 fastload hands its batches on as they are, SPDL's channels-last batches are made contiguous
-NCHW in the timed loop; FFCV is not run in that form).
+NCHW in the timed loop; FFCV is not run in that form). With ``channels_last``
+(``--channels-last``) every batch ends ``torch.channels_last`` (a model trained so takes it
+without a transpose): fastload's presets write it so (``channels_last=True``), the floors
+use that preset and normalise into a channels-last buffer, and any other path's batch is
+converted in the timed loop (``contiguous(memory_format=torch.channels_last)``, a no-op for
+a batch that already is).
 
 Two floors per core, measured on each store a path reads (``store_floors``, tight one-thread
 loops on the same records), in every round as an arm of its own beside the paths, so each round's
@@ -93,6 +98,7 @@ class LoaderBenchOptions:
         uint8: every path hands out ``uint8`` batches, not normalised (a GPU host's case; the
             module docstring), instead of normalised float32.
         floor_seconds: how long each floor's loop (decode, preset, normalise) runs in each round.
+        channels_last: every path hands out ``torch.channels_last`` batches (the module docstring).
     """
 
     workers: int = 2
@@ -108,6 +114,7 @@ class LoaderBenchOptions:
     host_ms: float = 0.0
     uint8: bool = False
     floor_seconds: float = 1.0
+    channels_last: bool = False
 
     def __post_init__(self) -> None:
         from fastload.image.policy import ENCODING_CHOICES
@@ -213,6 +220,8 @@ class LoaderBench:
         step = (f"; a simulated step of {o.step_ms:g} ms after each batch, {o.host_ms:g} ms of it host CPU holding "
                 "the GIL" if o.step_ms or o.host_ms else "")
         out = "uint8 batches (not normalised)" if o.uint8 else "normalised float32 batches"
+        if o.channels_last:
+            out += ", channels-last"
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, {out}, median of {o.rounds} rounds "
                  f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"
@@ -278,8 +287,13 @@ def _forever(make_epoch: Callable[[], Iterable]) -> Iterator:
         yield from make_epoch()
 
 
-def _time(loader: Iterable, warmup: int, batches: int, step: Callable[[], object] | None = None) -> float:
+def _time(loader: Iterable, warmup: int, batches: int, step: Callable[[], object] | None = None,
+          channels_last: bool = False) -> float:
     it = _forever(lambda: loader)
+    if channels_last:  # every path ends in the same layout; a no-op for a batch already in it
+        import torch
+
+        it = ((images.contiguous(memory_format=torch.channels_last), *rest) for images, *rest in it)
     for _ in range(warmup):
         next(it)
         if step is not None:
@@ -295,7 +309,7 @@ def _time(loader: Iterable, warmup: int, batches: int, step: Callable[[], object
 
 def _options(o: LoaderBenchOptions) -> StageOptions:
     return StageOptions(batch_size=o.batch_size, image_size=o.image_size, workers=o.workers, device="cpu",
-                        pin_memory=False, uint8=o.uint8)
+                        pin_memory=False, uint8=o.uint8, channels_last=o.channels_last)
 
 
 def _stage_path(stage_type: str, data: StageData, o: LoaderBenchOptions) -> Callable[[], BuiltStage]:
@@ -393,14 +407,16 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
         return n / (time.perf_counter() - t0)
 
 
-def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.0, rounds: int = 3) -> Floors:
+def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.0, rounds: int = 3,
+                 channels_last: bool = False) -> Floors:
     """The floors per core of ``store`` (``Floors``): tight one-thread loops, in interleaved rounds.
 
     Decode alone decodes, for every record, the crop ``train_transform(size)`` draws for it
     (drawn once beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
     floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
     ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
-    case once a batch is dropped: no fresh pages to fault in).
+    case once a batch is dropped: no fresh pages to fault in). ``channels_last``: the preset with
+    ``channels_last=True``, the batch and its output channels-last.
     """
     import torch
 
@@ -408,12 +424,14 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     from fastload.load.transforms import normalize, train_transform
 
     ds = LMDBImageDataset(store)
-    tf = train_transform(size)
+    tf = train_transform(size, channels_last=channels_last)
     blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
     g = torch.Generator().manual_seed(0)
     drawn = [tf.draw(b, g) for b in blobs]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     batch = torch.randint(0, 256, (batch_size, 3, size, size), dtype=torch.uint8, generator=g)
-    out = torch.empty(batch.shape, dtype=torch.float32)
+    batch = batch.contiguous(memory_format=fmt)
+    out = torch.empty(batch.shape, dtype=torch.float32, memory_format=fmt)
 
     gp = torch.Generator()
 
@@ -431,14 +449,14 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     arms: dict[str, Callable[[], float]] = {
         "decode": lambda: loop(lambda k: tf.decode_crop(blobs[k], drawn[k]), len(blobs)),
         "preset": lambda: loop(lambda k: tf.from_bytes(blobs[k], same(k)), len(blobs)),
-        "normalise": lambda: loop(lambda k: normalize(batch, out=out), 1),
+        "normalise": lambda: loop(lambda k: normalize(batch, channels_last=channels_last, out=out), 1),
     }
     with one_torch_thread():
         for name in arms:  # warm up: the decoders' first calls, numpy's first large allocation
             for b, d in zip(blobs[:8], drawn[:8]):
                 tf.decode_crop(b, d)
                 tf.from_bytes(b, gp)
-            normalize(batch, out=out)
+            normalize(batch, channels_last=channels_last, out=out)
         res = interleave(list(arms), rounds, lambda name, k: arms[name]())
     dec, pre = res["decode"], res["preset"]
     ratios = sorted(d / p for d, p in zip(dec.values, pre.values))  # decode rate / preset rate = cost ratio
@@ -558,12 +576,13 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         def measure(name: str, k: int) -> float | Floors | None:
             pbar.update()
             if name in floor_arms:
-                return store_floors(floor_arms[name], o.image_size, o.batch_size, seconds=o.floor_seconds, rounds=1)
+                return store_floors(floor_arms[name], o.image_size, o.batch_size, seconds=o.floor_seconds, rounds=1,
+                                    channels_last=o.channels_last)
             if results[name].skipped:
                 return None
             try:
                 with running(builders[name]()) as loader:
-                    return _time(loader, o.warmup, o.batches, step)
+                    return _time(loader, o.warmup, o.batches, step, o.channels_last)
             except Exception as exc:
                 results[name].skipped = _reason(exc)
                 return None

@@ -89,6 +89,9 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @click.option("--uint8", is_flag=True, default=False,
               help="Every path hands out uint8 batches, cropped, resized and flipped but not normalised (a GPU "
               "host's case), instead of normalised float32 (FFCV is not run then; not with --remote).")
+@click.option("--channels-last", is_flag=True, default=False,
+              help="Every path hands out torch.channels_last batches (fastload's presets write them so; other "
+              "paths' batches are converted in the timed loop). Not with --remote.")
 @click.option("--remote", default=None, metavar="URL",
               help="Instead: the sharded store at URL (s3://, gs://, az://) with a cold and a warm node cache "
               "against --store, the same store on local disk (fastload.bench.remote).")
@@ -104,7 +107,8 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @json_out_option
 @friendly
 def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, rounds, floor_seconds, max_side,
-                     reduced_encoding, paths, step_ms, host_ms, uint8, remote, mosaic, litdata, dali, json_out) -> None:
+                     reduced_encoding, paths, step_ms, host_ms, uint8, channels_last, remote, mosaic, litdata, dali,
+                     json_out) -> None:
     """Images/s of torchvision vs fastload (vs WebDataset, DALI CPU, SPDL, FFCV) on the same DATA.
 
     DATA is an ImageFolder tree [default: the generated default dataset]. Same batch size,
@@ -116,9 +120,10 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
         if given is not None and remote is None:
             raise click.UsageError(f"{flag}{'' if flag == '--dali' else ' URL'} is compared with --remote URL: "
                                    "give both (and --store).")
-    if remote is not None and uint8:
-        raise click.UsageError("--uint8 is for the local paths; --remote compares the same store local and "
-                               "remote with normalised float batches.")
+    for flag, given in (("--uint8", uint8), ("--channels-last", channels_last)):
+        if remote is not None and given:
+            raise click.UsageError(f"{flag} is for the local paths; --remote compares the same store local and "
+                                   "remote with normalised float batches.")
     if remote is not None:
         from fastload.bench.remote import RemoteBenchOptions, bench_remote
 
@@ -133,7 +138,7 @@ def bench_loader_cmd(data, store, workers, batch_size, image_size, batches, roun
     opts = LoaderBenchOptions(workers=workers, batch_size=batch_size, image_size=image_size, batches=batches,
                               rounds=rounds, max_side=max_side, reduced_encoding=reduced_encoding,
                               paths=tuple(paths) or None, step_ms=step_ms, host_ms=host_ms, uint8=uint8,
-                              floor_seconds=floor_seconds)
+                              floor_seconds=floor_seconds, channels_last=channels_last)
     result = bench_loader(data_or_default(data), store=store, options=opts)
     emit(result, json_out)
 

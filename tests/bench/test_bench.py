@@ -85,10 +85,10 @@ def test_bench_loader_rotates_order_and_times_each_path_alone(tiny_tree, monkeyp
     seen = []
     real = bl._time
 
-    def spy(loader, warmup, batches, step=None):
+    def spy(loader, warmup, batches, *rest):
         # the previous path's worker processes are gone before this one is timed
         seen.append((type(getattr(loader, "loader", loader)).__module__, len(multiprocessing.active_children())))
-        return real(loader, warmup, batches, step)
+        return real(loader, warmup, batches, *rest)
 
     monkeypatch.setattr(bl, "_time", spy)
     paths = ("torchvision", "fastload", "webdataset") if importlib.util.find_spec("webdataset") else \
@@ -182,10 +182,10 @@ def test_bench_loader_uint8_times_every_path_to_uint8_batches(tiny_tree, tmp_pat
     seen = {}
     real_time = bl._time
 
-    def spy(loader, warmup, batches, step=None):  # what each path hands out, then the real timing
+    def spy(loader, warmup, batches, *rest):  # what each path hands out, then the real timing
         images, labels = next(iter(loader))[:2]
         seen[type(loader).__name__ + str(len(seen))] = (images.dtype, tuple(images.shape), labels.dtype)
-        return real_time(loader, warmup, batches, step)
+        return real_time(loader, warmup, batches, *rest)
 
     monkeypatch.setattr(bl, "_time", spy)
     out = tmp_path / "bench.json"
@@ -202,6 +202,43 @@ def test_bench_loader_uint8_times_every_path_to_uint8_batches(tiny_tree, tmp_pat
     ran = [p for p in result["paths"] if p["name"] != "ffcv"]
     assert all(p["images_per_s"] > 0 for p in ran) and len(seen) == len(ran)
     assert set(seen.values()) == {(torch.uint8, (4, 3, 32, 32), torch.int64)}
+
+
+def test_bench_loader_channels_last_ends_every_path_channels_last(tiny_tree, tmp_path, monkeypatch):
+    import fastload.bench.loader as bl
+
+    handed, timed = {}, {}
+    real_time, real_floors = bl._time, bl.store_floors
+
+    def spy(loader, warmup, batches, step=None, channels_last=False):
+        name = type(getattr(loader, "loader", loader)).__name__ + str(len(handed))
+        handed[name] = next(iter(loader))[0]  # as the path hands it out
+        timed[name] = channels_last
+        return real_time(loader, warmup, batches, step, channels_last)
+
+    floors_asked = []
+
+    def floors_spy(*args, **kw):
+        floors_asked.append(kw.get("channels_last"))
+        return real_floors(*args, **kw)
+
+    monkeypatch.setattr(bl, "_time", spy)
+    monkeypatch.setattr(bl, "store_floors", floors_spy)
+    out = tmp_path / "bench.json"
+    paths = ["torchvision", "fastload", "fastload-threads"] + \
+        (["dali-cpu"] if importlib.util.find_spec("nvidia.dali") else [])
+    r = CliRunner().invoke(main, ["bench", "loader", str(tiny_tree), *TINY, "--rounds", "1", "--uint8", "--channels-last",
+                                  *[a for p in paths for a in ("--path", p)], "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    result = json.loads(out.read_text())
+    assert result["options"]["channels_last"] is True and "uint8 batches (not normalised), channels-last" in r.output
+    assert all(p["images_per_s"] > 0 for p in result["paths"]) and len(handed) == len(paths)
+    assert all(timed.values()) and floors_asked and all(floors_asked)  # the timed loop converts what is not yet
+    for images in handed.values():  # fastload's presets, DALI's HWC output and the stages' wrappers: already so
+        assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32)
+        assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+    r = CliRunner().invoke(main, ["bench", "loader", "--store", str(tiny_tree), "--remote", "s3://b/s", "--channels-last"])
+    assert r.exit_code == 2 and "--channels-last is for the local paths" in r.output
 
 
 def test_bench_loader_times_the_thread_pipeline_beside_the_process_workers(tiny_tree):

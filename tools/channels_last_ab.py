@@ -1,0 +1,134 @@
+"""The train preset writing planar (CHW) against channels-last batches, side by side, in a loader.
+
+    python tools/channels_last_ab.py STORE [--workers 2] [--batch-size 64] [--batches 30] [--rounds 6]
+                                         [--backends threads,processes]
+
+Per backend, two arms read the same store with the same seed, so the same samples in the
+same batches with the same crops: ``train_transform(224)`` and ``train_transform(224,
+channels_last=True)``, each in ``fastload.DataLoader(..., collate_fn=collate_uint8)``. Both
+hand out the same ``uint8`` values (checked on the first batches before timing): one as
+contiguous NCHW, one as ``torch.channels_last``. That is a GPU host's case: the batch is
+copied to the device, where either layout is converted for the model in microseconds; on the
+CPU the channels-last arm skips the resize kernel's planar scatter.
+
+Discipline as ``fastload bench loader``: every arm's loader is built fresh in each round and
+its iterator shut down before the next arm runs (worker processes joined, threads stopped), round ``k`` runs the
+arms rotated by ``k`` places (``measure.rounds.interleave``), 4 untimed batches first.
+Prints images/s per arm (median and min-max), the CPU time per image of the process tree over
+the timed batches (this process and its worker processes, psutil: less moved by a noisy
+neighbour than images/s), and the per-round ratios channels-last/planar of both.
+
+Must not: be imported by the package (a tool, run by hand). Asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("store")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batches", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--backends", default="threads,processes")
+    args = ap.parse_args()
+
+    import psutil
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.loader import DataLoader
+    from fastload.load.transforms import collate_uint8, train_transform
+    from fastload.measure.rounds import interleave
+
+    def stop(loader, it) -> None:  # workers joined / threads stopped now, not at garbage collection
+        for x in (it, getattr(loader, "_iterator", None)):
+            if x is not None:
+                (getattr(x, "_shutdown_workers", None) or x.close)()
+
+    def epochs(loader):  # batches across epochs, as a training loop takes them
+        while True:
+            yield from loader
+
+    # one dataset, its reader shared (LMDB opens a store once per process); each arm a copy with its preset
+    base = LMDBImageDataset(args.store)
+
+    def make(backend: str, channels_last: bool) -> DataLoader:
+        ds = copy.copy(base)
+        ds.transform = train_transform(args.size, channels_last=channels_last)
+        # persistent workers: epochs follow one another in the timed batches, the same processes measured
+        return DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, backend=backend,
+                          collate_fn=collate_uint8, generator=torch.Generator().manual_seed(0), drop_last=True,
+                          persistent_workers=backend == "processes" and args.workers > 0)
+
+    backends = args.backends.split(",")
+    for backend in backends:  # the same values, one arm channels-last
+        la, lb = make(backend, False), make(backend, True)
+        a, b = iter(la), iter(lb)
+        for (x, lx), (y, ly) in itertools.islice(zip(a, b), 2):
+            assert torch.equal(x, y) and torch.equal(lx, ly), "the two arms must hand out the same batches"
+            assert x.is_contiguous() and y.is_contiguous(memory_format=torch.channels_last)
+        stop(la, a)
+        stop(lb, b)
+
+    me = psutil.Process()
+
+    def cpu(procs: list) -> dict:  # per process; one that ended (a short-lived helper) is left out
+        out = {}
+        for p in procs:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            out[p.pid] = t.user + t.system
+        return out
+
+    def measure(arm: tuple[str, bool], _round: int) -> tuple[float, float]:
+        threads = torch.get_num_threads()  # fastload.DataLoader lowers them while it iterates
+        loader = make(*arm)
+        it = epochs(loader)
+        try:
+            for _ in range(4):
+                next(it)
+            procs = [me, *me.children(recursive=True)]
+            n, t0, c0 = 0, time.perf_counter(), cpu(procs)
+            for images, _labels in itertools.islice(it, args.batches):
+                n += len(images)
+            rate, c1 = n / (time.perf_counter() - t0), cpu(procs)
+            return rate, sum(c1[p] - c0[p] for p in c1 if p in c0) / n * 1e6
+        finally:
+            it.close()
+            stop(loader, None)
+            torch.set_num_threads(threads)
+
+    arms = [(b, cl) for b in backends for cl in (False, True)]
+    res = interleave(arms, args.rounds, measure)
+    print(f"{args.store}: batch {args.batch_size}, {args.workers} workers, {args.size}px, uint8 batches, "
+          f"{args.rounds} interleaved rounds x {args.batches} batches")
+    print(f"{'arm':<34}{'images/s':>10}{'min-max':>16}{'CPU us/image':>14}{'min-max':>12}")
+
+    def med(v: list[float]) -> float:
+        return sorted(v)[len(v) // 2]
+
+    for (backend, cl), arm in res.items():
+        rate, us = [v[0] for v in arm.values], [v[1] for v in arm.values]
+        name = f"{backend}, {'channels-last' if cl else 'planar (NCHW)'}"
+        print(f"{name:<34}{med(rate):>10.0f}{f'{min(rate):.0f}-{max(rate):.0f}':>16}{med(us):>14.0f}"
+              f"{f'{min(us):.0f}-{max(us):.0f}':>12}")
+    for backend in backends:
+        pairs = list(zip(res[(backend, True)].values, res[(backend, False)].values))
+        r = sorted(c[0] / p[0] for c, p in pairs)
+        u = sorted(c[1] / p[1] for c, p in pairs)
+        print(f"{backend}: channels-last / planar per round: images/s {med(r):.3f} ({r[0]:.3f}-{r[-1]:.3f}), "
+              f"CPU per image {med(u):.3f} ({u[0]:.3f}-{u[-1]:.3f})")
+
+
+if __name__ == "__main__":
+    main()
