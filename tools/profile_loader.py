@@ -1,7 +1,7 @@
 """Where a loader's CPU goes, per stage, in microseconds per image, from a real sampling profiler.
 
     python tools/profile_loader.py STORE [--backend threads|processes|both] [--batches 60]
-        [--workers 2] [--float] [--rate 250] [--out DIR]
+        [--workers 2] [--float] [--channels-last] [--rate 250] [--out DIR]
 
 Runs ``fastload.DataLoader(LMDBImageDataset(STORE, transform=train_transform(224)),
 batch_size=64, collate_fn=collate_uint8)`` under ``py-spy record --native --subprocesses
@@ -19,6 +19,7 @@ is "GIL wait": both are time, not CPU, and are left out of the CPU total.
 
 ``--float`` normalises each batch in the main process (``fastload.normalize``), as
 ``bench loader`` does; without it the batches stay ``uint8`` (a GPU host's case).
+``--channels-last``: the preset with ``channels_last=True`` (channels-last batches).
 With ``--drive`` the script is the profiled loader itself (what py-spy runs).
 
 Must not: be imported by the package (a tool, run by hand).
@@ -72,7 +73,7 @@ def _drive(args) -> None:
     from fastload.load.transforms import collate_uint8, normalize, train_transform
 
     torch.set_num_threads(1)
-    ds = LMDBImageDataset(args.store, transform=train_transform(224))
+    ds = LMDBImageDataset(args.store, transform=train_transform(224, channels_last=args.channels_last))
     loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=args.workers, collate_fn=collate_uint8,
                         backend=args.backend, drop_last=True, persistent_workers=args.backend == "processes",
                         pin_memory=False, generator=torch.Generator().manual_seed(0))
@@ -135,6 +136,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=60)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--float", action="store_true")
+    ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--rate", type=int, default=250)
     ap.add_argument("--out", default="profile-loader")
     ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
@@ -144,12 +146,14 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for backend in (("threads", "processes") if args.backend == "both" else (args.backend,)):
-        raw = out / f"{backend}{'-float' if args.float else ''}.txt"
+        raw = out / f"{backend}{'-float' if args.float else ''}{'-cl' if args.channels_last else ''}.txt"
         cmd = ["py-spy", "record", "--native", "--subprocesses", "--idle", "--format", "raw", "--rate",
                str(args.rate), "-o", str(raw), "--", sys.executable, __file__, args.store, "--drive",
                "--backend", backend, "--batches", str(args.batches), "--workers", str(args.workers)]
         if args.float:
             cmd.append("--float")
+        if args.channels_last:
+            cmd.append("--channels-last")
         res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
         line = next((ln for ln in res.stdout.splitlines() if ln.startswith("DRIVE")), None)
         if res.returncode != 0 or line is None:
