@@ -99,7 +99,7 @@ from torch.utils.data._utils.collate import default_collate
 from fastload.load import reuse
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.replay import mix_seed
-from fastload.load.transforms import collate_uint8, is_preset, preset_size
+from fastload.load.transforms import collate_uint8, is_preset, preset_channels_last, preset_size
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 
@@ -317,7 +317,7 @@ class _Job:
                        and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
-            self.memory_format = (torch.channels_last if getattr(self.dataset.transform, "channels_last", False) is True
+            self.memory_format = (torch.channels_last if preset_channels_last(self.dataset.transform)
                                   and self.collate_fn is collate_uint8 else torch.contiguous_format)
 
     def run(self, batch: _Batch, pos: int) -> None:

@@ -47,7 +47,7 @@ from fastload.marks import timed
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
-    "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params",
+    "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params", "preset_channels_last",
 ]
 
 @runtime_checkable
@@ -80,6 +80,11 @@ def preset_size(transform: object) -> int | None:
     """The output side of a preset that says it (an integer ``size``), else None."""
     size = getattr(transform, "size", None)
     return size if is_preset(transform) and isinstance(size, int) else None
+
+
+def preset_channels_last(transform: object) -> bool:
+    """Whether a preset says its output is laid out channels-last (``channels_last is True``)."""
+    return is_preset(transform) and getattr(transform, "channels_last", False) is True
 
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -225,6 +230,8 @@ class TrainTransform:
             module docstring).
     """
 
+    channels_last = False  # the class default: an instance pickled before the option existed reads it
+
     def __init__(self, size: int = DEFAULT_SIZE, *, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), flip_p: float = 0.5,
                  channels_last: bool = False) -> None:
@@ -320,6 +327,8 @@ class EvalTransform:
     ``channels_last=True``: the resized image is written channels-last (same values; see the
     module docstring).
     """
+
+    channels_last = False  # the class default: an instance pickled before the option existed reads it
 
     def __init__(self, size: int = DEFAULT_SIZE, resize: int = DEFAULT_RESIZE, *, channels_last: bool = False) -> None:
         if size < 1 or resize < size:
