@@ -176,16 +176,18 @@ def folder_samples(folder: Path) -> list[tuple[str, int]]:
 
 
 def spdl_stage(samples: list[tuple[str, int]], *, batch_size: int, image_size: int, workers: int,
-               seed: int = 0, uint8: bool = False) -> BuiltStage:
+               seed: int = 0, uint8: bool = False, channels_last: bool = False) -> BuiltStage:
     """The SPDL loader behind the hand-off every path shares: ``DevicePrefetcher`` on the CPU,
     which normalises the ``uint8`` batches in the caller's thread, inside the timed ``next()``
-    (``uint8``: not normalised, made contiguous NCHW by ``stages.Uint8Batches``, as every path's are)."""
+    (``uint8``: not normalised, made contiguous NCHW by ``stages.Uint8Batches``, as every path's are;
+    ``channels_last``: kept channels-last, as SPDL's batches come)."""
     from fastload.load.prefetch import DevicePrefetcher
     from fastload.measure.stages import Uint8Batches
 
     threads = max(1, workers)
     loader = SPDLLoader(samples, batch_size=batch_size, image_size=image_size, threads=threads, seed=seed)
     if uint8:
-        return BuiltStage("spdl", Uint8Batches(loader, "cpu"), threads, "not normalised (uint8 batches)")
-    return BuiltStage("spdl", DevicePrefetcher(loader, "cpu", dtype=torch.float32), threads,
+        return BuiltStage("spdl", Uint8Batches(loader, "cpu", channels_last=channels_last), threads,
+                          "not normalised (uint8 batches)")
+    return BuiltStage("spdl", DevicePrefetcher(loader, "cpu", dtype=torch.float32, channels_last=channels_last), threads,
                       "main process, in the timed loop (DevicePrefetcher on CPU)")

@@ -556,7 +556,8 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         def prep_spdl() -> Callable[[], BuiltStage]:
             samples = _spdl.folder_samples(data)  # the files and labels torchvision reads
             return lambda: _spdl.spdl_stage(samples, batch_size=o.batch_size, image_size=o.image_size,
-                                            workers=o.workers, uint8=o.uint8)
+                                            workers=o.workers, uint8=o.uint8,
+                                            channels_last=o.channels_last)
 
         add("spdl", prep_spdl, reads=store, missing=_spdl.unavailable() if "spdl" in wanted else None)
 

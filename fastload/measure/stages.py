@@ -327,7 +327,8 @@ def _dali(data: StageData, o: StageOptions, mode: str) -> BuiltStage:
     threads = o.resolved_workers("auto") or 1
     loader = DALILoader(data.store, o.batch_size, train=True, size=o.image_size, device=mode, num_threads=threads,
                         seed=o.seed, drop_last=True,
-                        options=DALIOptions(dtype=torch.uint8) if o.uint8 else None)
+                        options=DALIOptions(dtype=torch.uint8 if o.uint8 else torch.float32,
+                                            channels_last=o.channels_last))  # HWC from the pipeline, no transpose
     where = "DALI on the GPU" if mode == "gpu" else "DALI CPU threads"
     if o.uint8:
         where += " (uint8, not normalised)"

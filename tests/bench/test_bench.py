@@ -207,12 +207,13 @@ def test_bench_loader_uint8_times_every_path_to_uint8_batches(tiny_tree, tmp_pat
 def test_bench_loader_channels_last_ends_every_path_channels_last(tiny_tree, tmp_path, monkeypatch):
     import fastload.bench.loader as bl
 
-    handed, timed = {}, {}
+    handed, inner, timed = {}, {}, {}
     real_time, real_floors = bl._time, bl.store_floors
 
     def spy(loader, warmup, batches, step=None, channels_last=False):
         name = type(getattr(loader, "loader", loader)).__name__ + str(len(handed))
         handed[name] = next(iter(loader))[0]  # as the path hands it out
+        inner[name] = next(iter(getattr(loader, "loader", loader)))[0]  # as its loader makes it, before the hand-off
         timed[name] = channels_last
         return real_time(loader, warmup, batches, step, channels_last)
 
@@ -237,6 +238,10 @@ def test_bench_loader_channels_last_ends_every_path_channels_last(tiny_tree, tmp
     for images in handed.values():  # fastload's presets, DALI's HWC output and the stages' wrappers: already so
         assert images.dtype == torch.uint8 and images.shape == (4, 3, 32, 32)
         assert images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+    # written channels-last where they are made, not transposed after: fastload's presets and DALI
+    native = {name: images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous()
+              for name, images in inner.items()}
+    assert sum(native.values()) == len(paths) - 1, native  # all but torchvision's workers
     r = CliRunner().invoke(main, ["bench", "loader", "--store", str(tiny_tree), "--remote", "s3://b/s", "--channels-last"])
     assert r.exit_code == 2 and "--channels-last is for the local paths" in r.output
 
