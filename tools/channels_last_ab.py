@@ -125,7 +125,7 @@ def main() -> None:
     for backend in backends:
         pairs = list(zip(res[(backend, True)].values, res[(backend, False)].values))
         r = sorted(c[0] / p[0] for c, p in pairs)
-        u = sorted(c[1] / p[1] for c, p in pairs)
+        u = sorted(c[1] / p[1] for c, p in pairs if p[1] > 0) or [float("nan")]  # a run too short for CPU ticks
         print(f"{backend}: channels-last / planar per round: images/s {med(r):.3f} ({r[0]:.3f}-{r[-1]:.3f}), "
               f"CPU per image {med(u):.3f} ({u[0]:.3f}-{u[-1]:.3f})")
 

@@ -81,7 +81,7 @@ def _drive(args) -> None:
     while n < args.batches:
         for images, _labels in loader:
             if args.float:
-                normalize(images)
+                normalize(images, channels_last=args.channels_last)
             n += 1
             if n >= args.batches:
                 break

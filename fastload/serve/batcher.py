@@ -191,8 +191,9 @@ class DynamicBatcher:
         # a script that ends without stop(): CPython ends daemon threads with pthread_exit while it finalises,
         # and the batcher's thread, caught inside the model or a torch op, unwinds through C++ frames and
         # aborts the process ("terminate called without an active exception", exit status 134; 6 of 6 runs
-        # of a CPU model with work queued). At exit the batcher stops first: queued work is cancelled, the
-        # batch in the model finishes (waited for at most EXIT_JOIN_S)
+        # of a CPU model with work queued). At exit the batcher stops first: the requests still waiting for
+        # the model are cancelled, the batch in it finishes (waited for at most EXIT_JOIN_S). Preprocessing
+        # already queued runs before that: concurrent.futures joins its threads before atexit handlers run
         atexit.register(self._stop_at_exit)
         self.ready.set()
         log.info("DynamicBatcher %s ready after %.2fs warm-up", self.name, self._stats.warmup_s)

@@ -44,5 +44,6 @@ def gpu_eval_batch(datas: list[bytes], preset, device: torch.device) -> list[tor
     out = []
     for img in images:
         target = preset.resize_target(img.shape[1], img.shape[2])
-        out.append(preset.resize_and_crop(resize_uint8(img, target), target))  # its resize is then a no-op
+        # its resize then only lays the image out: a no-op for the planar preset (resize_uint8 gives CHW)
+        out.append(preset.resize_and_crop(resize_uint8(img, target), target))
     return out
