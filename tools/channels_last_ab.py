@@ -47,11 +47,7 @@ def main() -> None:
     from fastload.load.loader import DataLoader
     from fastload.load.transforms import collate_uint8, train_transform
     from fastload.measure.rounds import interleave
-
-    def stop(loader, it) -> None:  # workers joined / threads stopped now, not at garbage collection
-        for x in (it, getattr(loader, "_iterator", None)):
-            if x is not None:
-                (getattr(x, "_shutdown_workers", None) or x.close)()
+    from fastload.measure.stages import shutdown
 
     def epochs(loader):  # batches across epochs, as a training loop takes them
         while True:
@@ -71,12 +67,13 @@ def main() -> None:
     backends = args.backends.split(",")
     for backend in backends:  # the same values, one arm channels-last
         la, lb = make(backend, False), make(backend, True)
-        a, b = iter(la), iter(lb)
+        a, b = epochs(la), epochs(lb)
         for (x, lx), (y, ly) in itertools.islice(zip(a, b), 2):
             assert torch.equal(x, y) and torch.equal(lx, ly), "the two arms must hand out the same batches"
             assert x.is_contiguous() and y.is_contiguous(memory_format=torch.channels_last)
-        stop(la, a)
-        stop(lb, b)
+        for loader, it in ((la, a), (lb, b)):  # threads stopped (the epoch's iterator closed), workers joined
+            it.close()
+            shutdown(loader)
 
     me = psutil.Process()
 
@@ -104,8 +101,8 @@ def main() -> None:
             rate, c1 = n / (time.perf_counter() - t0), cpu(procs)
             return rate, sum(c1[p] - c0[p] for p in c1 if p in c0) / n * 1e6
         finally:
-            it.close()
-            stop(loader, None)
+            it.close()  # the thread iterator inside closes with it
+            shutdown(loader)  # persistent worker processes joined now, not at garbage collection
             torch.set_num_threads(threads)
 
     arms = [(b, cl) for b in backends for cl in (False, True)]

@@ -195,10 +195,10 @@ def _resize(chw: torch.Tensor, size: list[int], channels_last: bool = False) -> 
         return chw[None].contiguous(memory_format=torch.channels_last)[0] if channels_last else chw.contiguous()
     # the op ``F.interpolate(..., mode="bilinear", antialias=True)`` ends in, without its ~10 µs of
     # Python argument checks per image (the same kernel, the same bytes: the pixel-contract tests)
-    if not channels_last:
-        return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None)[0]
-    out = torch.empty((1, chw.shape[0], *size), dtype=chw.dtype, memory_format=torch.channels_last)
-    # the binding's out= (``torch.ops.aten...out`` is the same kernel behind ~40 µs more of Python dispatch)
+    # channels-last through the binding's out= (``torch.ops.aten...out`` is the same kernel behind ~40 µs
+    # more of Python dispatch); None: the kernel allocates its planar result
+    out = torch.empty((1, chw.shape[0], *size), dtype=chw.dtype, memory_format=torch.channels_last) \
+        if channels_last else None
     return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None, out=out)[0]
 
 
