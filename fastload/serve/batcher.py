@@ -139,7 +139,10 @@ class DynamicBatcher:
         self.dtype = DTYPES[dtype]
         self.max_pixels = max_pixels
         self.mean, self.std = tuple(mean), tuple(std)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix="fastload-pre")
+        self._workers = max(1, workers)
+        self._pool = self._new_pool()
+        self._pool_open = True  # False once stop() shut it down: start() makes a new one
+        self._life = threading.Lock()  # start() and stop() one at a time (stop() from two threads, or at exit)
         self._cond = threading.Condition()
         self._ready: collections.deque[_Request] = collections.deque()
         self._inflight: dict[int, _Request] = {}  # submitted, future not yet resolved
@@ -149,6 +152,7 @@ class DynamicBatcher:
         self.histograms = StageHistograms()
         self._done: collections.deque[RequestTiming] = collections.deque(maxlen=history)
         self._thread: threading.Thread | None = None
+        self._stuck: threading.Thread | None = None  # a model thread stop() stopped waiting for
         self._accepting = False
         self._stopping = False
         self._warned_gpu_fallback = False
@@ -177,10 +181,26 @@ class DynamicBatcher:
                 from exc
         return time.perf_counter() - t0
 
+    def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(self._workers, thread_name_prefix="fastload-pre")
+
     def start(self) -> DynamicBatcher:
-        """Warm up with one full dummy batch (CUDA context, cudnn autotune), then accept work."""
+        """Warm up with one full dummy batch (CUDA context, cudnn autotune), then accept work.
+
+        A stopped batcher can be started again (its preprocessing threads are made anew).
+        """
+        with self._life:
+            return self._start()
+
+    def _start(self) -> DynamicBatcher:
         if self._thread is not None:
             return self
+        if self._stuck is not None and self._stuck.is_alive():
+            raise RuntimeError(f"{self.name}: the batcher's previous model thread is still inside the model (stop() "
+                               "stopped waiting for it); starting another would run two batch loops.\nHINT: wait "
+                               "for the model call to return, or make a new DynamicBatcher.")
+        if not self._pool_open:  # stopped before: its executor is shut down and takes no new work
+            self._pool, self._pool_open = self._new_pool(), True
         if isinstance(self.model, torch.nn.Module):
             self.model = self.model.to(self.device, self.dtype).eval()
         self._stats.warmup_s = self.probe()
@@ -200,7 +220,15 @@ class DynamicBatcher:
         return self
 
     def stop(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
-        """Stop accepting work; finish what was accepted (``drain``) or cancel it."""
+        """Stop accepting work; finish what was accepted (``drain``) or cancel it.
+
+        Safe to call more than once and from several threads at once: a second call waits for
+        the first and then finds nothing left to stop.
+        """
+        with self._life:
+            self._stop(drain, timeout)
+
+    def _stop(self, drain: bool, timeout: float | None) -> None:
         with self._cond:
             self._accepting = False
             self.ready.clear()
@@ -221,12 +249,19 @@ class DynamicBatcher:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+            self._stuck = self._thread if self._thread.is_alive() else None
             self._thread = None
             atexit.unregister(self._stop_at_exit)
+        self._pool_open = False
         self._pool.shutdown(wait=drain, cancel_futures=not drain)
 
     def _stop_at_exit(self) -> None:
-        self.stop(drain=False, timeout=EXIT_JOIN_S)
+        # another thread may be inside stop() (with no timeout): wait for it at most as long as for the model
+        if self._life.acquire(timeout=EXIT_JOIN_S):
+            try:
+                self._stop(False, EXIT_JOIN_S)
+            finally:
+                self._life.release()
 
     def __enter__(self) -> DynamicBatcher:
         return self.start()

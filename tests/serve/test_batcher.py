@@ -196,6 +196,65 @@ def test_a_stopped_batcher_is_not_kept_alive_by_its_exit_handler():
     assert ref() is None
 
 
+def test_a_stopped_batcher_starts_again_and_serves():
+    # the preprocessing executor was shut down by stop() and never made anew: submit() after a second
+    # start() raised "cannot schedule new futures after shutdown"
+    b = make(FakeModel(), max_batch=4, max_wait_ms=1)
+    assert b.submit(images(1)[0]).result(10).shape == (1,)
+    b.stop()
+    b.start()
+    try:
+        assert [f.result(10).shape for f in [b.submit(d) for d in images(3)]] == [(1,)] * 3
+    finally:
+        b.stop()
+
+
+def test_stop_from_two_threads_at_once_stops_once_without_error():
+    # both calls saw the model thread, one set it to None, the other then called None.join
+    model = FakeModel()
+    b = make(model, max_batch=2, max_wait_ms=1)
+    model.gate.clear()  # the next batch waits in the model
+    futures = [b.submit(d) for d in images(2)]
+    _in_model(b, 2)
+    errors: list[BaseException] = []
+
+    def stop() -> None:
+        try:
+            b.stop(drain=False, timeout=5)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=stop) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # both are in stop(), the model thread still inside the model
+    model.gate.set()
+    for t in threads:
+        t.join(10)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert all(f.done() for f in futures)
+
+
+def test_a_batcher_whose_model_thread_is_still_stuck_refuses_to_start_again():
+    model = FakeModel()
+    b = make(model, max_batch=1, max_wait_ms=0)
+    model.gate.clear()
+    b.submit(images(1)[0])
+    _in_model(b)
+    b.stop(drain=False, timeout=0.2)  # gives up on the model thread
+    with pytest.raises(RuntimeError, match="still inside the model"):
+        b.start()
+    model.gate.set()
+    deadline = time.monotonic() + 10
+    while b._stuck is not None and b._stuck.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    b.start()  # the old thread has returned and ended: a new start works
+    try:
+        assert b.submit(images(1)[0]).result(10).shape == (1,)
+    finally:
+        b.stop()
+
+
 def test_stats_and_trace():
     model = FakeModel()
     with make(model, max_batch=4, max_wait_ms=20) as b:
