@@ -223,10 +223,18 @@ class DynamicBatcher:
         """Stop accepting work; finish what was accepted (``drain``) or cancel it.
 
         Safe to call more than once and from several threads at once: a second call waits for
-        the first and then finds nothing left to stop.
+        the first (or for a ``start()`` still warming up) and then stops what is left. ``timeout``
+        bounds that wait too: past it, the call logs and returns, leaving the stop to the call
+        in progress.
         """
-        with self._life:
+        if not self._life.acquire(timeout=-1 if timeout is None else timeout):
+            log.warning("DynamicBatcher %s: another start() or stop() still runs after %ss; leaving the stop to it",
+                        self.name, timeout)
+            return
+        try:
             self._stop(drain, timeout)
+        finally:
+            self._life.release()
 
     def _stop(self, drain: bool, timeout: float | None) -> None:
         with self._cond:
@@ -256,12 +264,7 @@ class DynamicBatcher:
         self._pool.shutdown(wait=drain, cancel_futures=not drain)
 
     def _stop_at_exit(self) -> None:
-        # another thread may be inside stop() (with no timeout): wait for it at most as long as for the model
-        if self._life.acquire(timeout=EXIT_JOIN_S):
-            try:
-                self._stop(False, EXIT_JOIN_S)
-            finally:
-                self._life.release()
+        self.stop(drain=False, timeout=EXIT_JOIN_S)
 
     def __enter__(self) -> DynamicBatcher:
         return self.start()

@@ -19,6 +19,7 @@ Must not: know about HTTP, or batch by itself (each replica batches its own requ
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import logging
 import threading
@@ -28,7 +29,7 @@ from typing import Any
 
 from fastload.errors import DeviceFailure, Overloaded
 from fastload.serve._futures import await_future
-from fastload.serve.batcher import DynamicBatcher
+from fastload.serve.batcher import EXIT_JOIN_S, DynamicBatcher
 
 __all__ = ["Router"]
 
@@ -85,15 +86,24 @@ class Router:
 
         ``wait=False`` returns at once (``ready.is_set()`` turns true with the first replica).
         """
-        every = self.replicas + ([self.fallback] if self.fallback is not None else [])
         starters = [threading.Thread(target=self._start_one, args=(b,), name=f"fastload-warmup-{b.name}",
-                                     daemon=True) for b in every]
+                                     daemon=True) for b in self._every()]
+        with self._lock:
+            self._threads.extend(starters)
+        # a script that ends without stop() while a warm-up or a re-probe runs the model: CPython ends daemon
+        # threads with pthread_exit while it finalises, and one returning from a torch call then unwinds through
+        # C++ frames and aborts the process (exit status 134, 4 of 4 runs of a replica re-probed at exit). At
+        # exit the router stops first: no new probe starts, the ones running finish (EXIT_JOIN_S in all)
+        atexit.register(self._stop_at_exit)
         for t in starters:
             t.start()
         if wait:
             for t in starters:
                 t.join()
         return self
+
+    def _every(self) -> list[DynamicBatcher]:
+        return self.replicas + ([self.fallback] if self.fallback is not None else [])
 
     def _start_one(self, b: DynamicBatcher) -> None:
         try:
@@ -102,13 +112,31 @@ class Router:
             log.error("replica %s failed its warm-up (%s: %s); it takes no traffic and is re-probed",
                       b.name, type(exc).__name__, exc)
             self._mark_unhealthy(b, started=False)
+            return
+        if self._stopping.is_set():  # stop() ran while this replica warmed up: it must not stay started
+            b.stop(drain=False)
 
     def stop(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
+        """Stop every replica (``drain``: finish what they accepted) and the warm-ups and re-probes."""
         self._stopping.set()
-        for b in self.replicas + ([self.fallback] if self.fallback is not None else []):
+        atexit.unregister(self._stop_at_exit)
+        for b in self._every():
             b.stop(drain=drain, timeout=timeout)
-        for t in self._threads:
-            t.join(timeout)
+        self._join_threads(timeout)
+
+    def _join_threads(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            threads = list(self._threads)
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def _stop_at_exit(self) -> None:
+        self._stopping.set()  # no probe starts from here on
+        self._join_threads(EXIT_JOIN_S)  # the probes inside the model return first
+        for b in self._every():
+            b.stop(drain=False, timeout=EXIT_JOIN_S)
 
     def healthy(self) -> list[DynamicBatcher]:
         with self._lock:
@@ -121,7 +149,10 @@ class Router:
             self._unhealthy.add(b.name)
         log.warning("replica %s marked unhealthy; re-probing every %gs", b.name, self.probe_interval_s)
         t = threading.Thread(target=self._reprobe, args=(b, started), name=f"fastload-probe-{b.name}", daemon=True)
-        self._threads.append(t)
+        with self._lock:
+            if self._stopping.is_set():
+                return
+            self._threads.append(t)
         t.start()
 
     def _reprobe(self, b: DynamicBatcher, started: bool) -> None:
@@ -134,6 +165,9 @@ class Router:
             except Exception as exc:
                 log.info("replica %s still failing its probe: %s", b.name, exc)
                 continue
+            if not started and self._stopping.is_set():  # started while the router stopped: stop it again
+                b.stop(drain=False)
+                return
             with self._lock:
                 self._unhealthy.discard(b.name)
             log.warning("replica %s passed its probe; taking traffic again", b.name)

@@ -212,9 +212,9 @@ def test_a_stopped_batcher_starts_again_and_serves():
 def test_stop_from_two_threads_at_once_stops_once_without_error():
     # both calls saw the model thread, one set it to None, the other then called None.join
     model = FakeModel()
-    b = make(model, max_batch=2, max_wait_ms=1)
+    b = make(model, max_batch=2, max_wait_ms=10_000)
     model.gate.clear()  # the next batch waits in the model
-    futures = [b.submit(d) for d in images(2)]
+    futures = [b.submit(d) for d in images(2)]  # one full batch
     _in_model(b, 2)
     errors: list[BaseException] = []
 
@@ -233,6 +233,32 @@ def test_stop_from_two_threads_at_once_stops_once_without_error():
         t.join(10)
     assert not errors and not any(t.is_alive() for t in threads)
     assert all(f.done() for f in futures)
+
+
+def test_stop_during_the_warm_up_waits_for_it_and_leaves_the_batcher_stopped():
+    # stop() found no model thread yet and returned; the warm-up then finished and started the batcher
+    entered = threading.Event()
+
+    class Held(FakeModel):
+        def __call__(self, x):
+            entered.set()
+            return super().__call__(x)
+
+    model = Held()
+    model.gate.clear()
+    b = DynamicBatcher(model, preprocess=EvalTransform(32, 40), device="cpu")
+    starter = threading.Thread(target=b.start)
+    starter.start()
+    assert entered.wait(10)  # the warm-up batch is in the model
+    stopper = threading.Thread(target=b.stop, kwargs={"timeout": 10})
+    stopper.start()
+    time.sleep(0.2)
+    model.gate.set()
+    starter.join(10)
+    stopper.join(10)
+    assert not b.ready.is_set() and b._thread is None
+    with pytest.raises(RuntimeError):
+        b.submit(images(1)[0])
 
 
 def test_a_batcher_whose_model_thread_is_still_stuck_refuses_to_start_again():

@@ -4,8 +4,12 @@ request deadlines; the dtype option against fp32."""
 from __future__ import annotations
 
 import concurrent.futures
+import gc
+import subprocess
+import sys
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -103,6 +107,59 @@ def test_cpu_fallback_takes_the_retry_and_new_work_and_without_one_requests_fail
             lone.submit(images(1)[0])
     finally:
         lone.stop()
+
+
+def test_a_script_that_ends_while_a_replica_is_re_probed_exits_cleanly(tmp_path):
+    # the re-probe thread, a daemon inside the model when the script ended, was ended by pthread_exit while
+    # CPython finalised and unwound through C++ frames: exit status 134 in 4 of 4 runs
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import time, torch\n"
+        "from fastload.serve import DynamicBatcher, Router\n"
+        "from fastload.load.transforms import EvalTransform\n"
+        "class Flaky(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.conv, self.calls = torch.nn.Conv2d(3, 64, 7, 1, 3), 0\n"
+        "    def forward(self, x):\n"
+        "        self.calls += 1\n"
+        "        if self.calls == 1:\n"
+        "            raise RuntimeError('device lost')  # the warm-up fails: the replica is re-probed\n"
+        "        for _ in range(3000):  # many short torch calls: one returns while the interpreter finalises\n"
+        "            self.conv(x[:1, :, :32, :32])\n"
+        "        return x.float().mean(dim=(1, 2, 3))\n"
+        "b = DynamicBatcher(Flaky(), preprocess=EvalTransform(224, 256), max_batch=8, device='cpu', name='flaky')\n"
+        "Router([b], probe_interval_s=0.01).start()\n"
+        "time.sleep(0.5)\n"
+        "print('left with a re-probe in the model', flush=True)\n")
+    for _ in range(3):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert "left with a re-probe in the model" in proc.stdout, proc.stderr
+        assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def test_a_stopped_router_is_not_kept_alive_and_a_replica_warming_up_during_stop_ends_stopped():
+    gate = threading.Event()
+
+    class Slow(Flaky):
+        def forward(self, x):
+            gate.wait(10)
+            return super().forward(x)
+
+    b = replica(Slow(), "slow")
+    r = Router([b]).start(wait=False)
+    time.sleep(0.1)  # the warm-up waits in the model
+    stopper = threading.Thread(target=r.stop, kwargs={"drain": False, "timeout": 10})
+    stopper.start()
+    time.sleep(0.1)
+    gate.set()
+    stopper.join(15)
+    assert not stopper.is_alive()
+    assert not b.ready.is_set() and b._thread is None  # stop() waited for the warm-up, then stopped it
+    ref = weakref.ref(r)
+    del r, stopper
+    gc.collect()
+    assert ref() is None  # stop() unregistered its exit handler
 
 
 def test_killed_replica_over_http_keeps_the_service_answering():
