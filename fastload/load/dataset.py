@@ -137,11 +137,13 @@ class LMDBImageDataset(torch.utils.data.Dataset):
         """The encoded image bytes of sample ``index`` exactly as stored."""
         return self._reader.get(index)
 
-    def _load(self, index: int, generator: torch.Generator | None = None) -> Any:
+    def _load(self, index: int, generator: torch.Generator | None = None, out: torch.Tensor | None = None) -> Any:
         data = self._reader.get(index)
         try:
             if is_preset(self.transform):
                 from_bytes = self.transform.from_bytes
+                if out is not None:
+                    return from_bytes(data, generator=generator, out=out)
                 return from_bytes(data) if generator is None else from_bytes(data, generator=generator)
             img = decode_pil(data)
         except Exception as exc:
@@ -151,11 +153,14 @@ class LMDBImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         return self.getitem(index)
 
-    def getitem(self, index: int, *, generator: torch.Generator | None = None) -> tuple[Any, Any]:
+    def getitem(self, index: int, *, generator: torch.Generator | None = None,
+                out: torch.Tensor | None = None) -> tuple[Any, Any]:
         """``dataset[index]``, with a preset's random draws taken from ``generator`` when given.
 
         The thread pipeline (``load/threads.py``) passes each sample its own generator so
-        crops do not depend on which thread ran first. Other transforms ignore it.
+        crops do not depend on which thread ran first. Other transforms ignore it. ``out``:
+        only for a preset whose ``from_bytes`` takes it (``preset_writes_into``): handed on,
+        so the image may be written there (its batch slot) instead of a new tensor.
         """
         n = len(self)
         if index < 0:
@@ -163,7 +168,7 @@ class LMDBImageDataset(torch.utils.data.Dataset):
         tried = 0
         while True:
             try:
-                image = self._load(index, generator)
+                image = self._load(index, generator, out)
                 break
             except CorruptSampleError as exc:
                 if self.on_error == "raise":

@@ -14,7 +14,9 @@ Two paths, chosen per loader:
 * **Fast path**: an ``LMDBImageDataset`` whose transform is a fastload preset (has
   ``from_bytes`` and an integer ``size``), no ``target_transform``, and the default (or
   ``collate_uint8``) collate. Work is scheduled one image per task; each task writes its
-  ``uint8`` CHW image straight into its slot of the batch buffer, so there is no collate.
+  ``uint8`` CHW image straight into its slot of the batch buffer, so there is no collate
+  (fastload's train preset resizes an unflipped image into the slot itself, ``from_bytes(...,
+  out=slot)``; other images are copied in).
   Buffers are reused, and reuse is safe by construction rather than by a contract the
   user must remember: a batch handed out is the caller's for as long as it holds it,
   exactly as with torch's DataLoader. The buffer is ``torch.channels_last`` when the preset
@@ -99,7 +101,8 @@ from torch.utils.data._utils.collate import default_collate
 from fastload.load import reuse
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.replay import mix_seed
-from fastload.load.transforms import collate_uint8, is_preset, preset_channels_last, preset_size
+from fastload.load.transforms import (collate_uint8, is_preset, preset_channels_last, preset_size,
+                                      preset_writes_into)
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 
@@ -142,9 +145,9 @@ def _fast_path(loader) -> bool:
             and loader._auto_collation and loader.collate_fn in (default_collate, collate_uint8))
 
 
-def _takes_generator(fn: Callable) -> bool:
+def _takes(fn: Callable, name: str) -> bool:
     try:
-        return "generator" in inspect.signature(fn).parameters
+        return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
 
@@ -313,12 +316,14 @@ class _Job:
         transform = getattr(self.dataset, "transform", None)
         # the generic path seeds too when the dataset can take a generator (what the processes
         # backend does with torch's RNG, which threads share and so cannot seed per sample)
-        self.seeded = (sample_seed is not None and is_preset(transform) and _takes_generator(transform.from_bytes)
+        self.seeded = (sample_seed is not None and is_preset(transform) and _takes(transform.from_bytes, "generator")
                        and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
             self.memory_format = (torch.channels_last if preset_channels_last(self.dataset.transform)
                                   and self.collate_fn is collate_uint8 else torch.contiguous_format)
+            # a subclass's own getitem may not take out=
+            self.into = preset_writes_into(self.dataset.transform) and _takes(self.dataset.getitem, "out")
 
     def run(self, batch: _Batch, pos: int) -> None:
         try:
@@ -343,12 +348,17 @@ class _Job:
             batch.finish_one(None if self.fast else self._collate)
 
     def _fast(self, batch: _Batch, pos: int, index: int, gen: torch.Generator | None) -> None:
-        image, label = self.dataset.getitem(index, generator=gen)
+        slot = batch.images[pos]
+        if self.into:  # the preset may write the image into its slot (then there is nothing to copy)
+            image, label = self.dataset.getitem(index, generator=gen, out=slot)
+        else:
+            image, label = self.dataset.getitem(index, generator=gen)
         if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or tuple(image.shape) != self.shape:
             got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
             raise TypeError(f"{self.dataset.root}: sample {index}: the transform gave {got}, expected a uint8 "
                             f"tensor of shape {self.shape} for the thread pipeline's batch buffer")
-        batch.images[pos].copy_(image)
+        if image.data_ptr() != slot.data_ptr() or image.stride() != slot.stride():
+            slot.copy_(image)
         batch.labels[pos] = int(label)
 
     def _collate(self, batch: _Batch) -> None:

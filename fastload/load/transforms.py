@@ -32,6 +32,7 @@ Must not: read stores or know about DataLoader workers.
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 from collections.abc import Sequence
@@ -48,6 +49,7 @@ from fastload.marks import timed
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
     "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params", "preset_channels_last",
+    "preset_writes_into",
 ]
 
 @runtime_checkable
@@ -63,7 +65,10 @@ class Preset(Protocol):
     ``size`` x ``size``): then the thread pipeline writes into preallocated batch buffers and
     the ``/dev/shm`` preflight knows a batch's bytes (``preset_size``). Optionally
     ``channels_last = True``: the output is laid out channels-last, and so are the thread
-    pipeline's batch buffers under ``collate_uint8``.
+    pipeline's batch buffers under ``collate_uint8``. Optionally a keyword ``out`` to
+    ``from_bytes`` (``preset_writes_into``): a tensor of the output's shape the preset may
+    write the image into and return (the thread pipeline passes its batch slot and copies
+    only what comes back elsewhere).
 
     Test for it with ``is_preset(transform)``, nowhere else.
     """
@@ -80,6 +85,17 @@ def preset_size(transform: object) -> int | None:
     """The output side of a preset that says it (an integer ``size``), else None."""
     size = getattr(transform, "size", None)
     return size if is_preset(transform) and isinstance(size, int) else None
+
+
+def preset_writes_into(transform: object) -> bool:
+    """Whether a preset's ``from_bytes`` takes ``out=`` (may write its image into a given tensor)."""
+    fn = getattr(transform, "from_bytes", None)
+    if not callable(fn):
+        return False
+    try:
+        return "out" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def preset_channels_last(transform: object) -> bool:
@@ -183,16 +199,23 @@ class _RRC:
         return (height - h) // 2, (width - w) // 2, h, w
 
 
-def _resize(chw: torch.Tensor, size: list[int], channels_last: bool = False) -> torch.Tensor:
+def _resize(chw: torch.Tensor, size: list[int], channels_last: bool = False,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """torchvision v2's uint8 bilinear antialiased resize, called without its dispatch layers.
 
     A CHW view of an HWC array is channels-last, which is what the AVX2 uint8 kernel reads.
     Its result is planar (contiguous CHW) unless ``channels_last``: then it is written
     channels-last, skipping the kernel's planar scatter (the same bytes either way). An image
     already of that size is laid out the same way, so the layout never depends on the image.
+    ``out`` (a ``uint8`` CHW tensor of ``size``, e.g. a batch buffer's slot): written there
+    instead, in its own layout, and returned.
     """
     if list(chw.shape[-2:]) == size:
+        if out is not None:
+            return out.copy_(chw)
         return chw[None].contiguous(memory_format=torch.channels_last)[0] if channels_last else chw.contiguous()
+    if out is not None:
+        return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None, out=out.unsqueeze(0))[0]
     # the op ``F.interpolate(..., mode="bilinear", antialias=True)`` ends in, without its ~10 µs of
     # Python argument checks per image (the same kernel, the same bytes: the pixel-contract tests)
     # channels-last through the binding's out= (``torch.ops.aten...out`` is the same kernel behind ~40 µs
@@ -255,9 +278,12 @@ class TrainTransform:
         """
         return self._rrc(height, width, generator)
 
-    def _finish(self, chw: torch.Tensor, flip: bool) -> torch.Tensor:
-        out = _resize(chw, [self.size, self.size], self.channels_last)
-        return out.flip(-1) if flip else out  # flip keeps the layout (a dense tensor's strides)
+    def _finish(self, chw: torch.Tensor, flip: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is not None and not flip:  # straight into the caller's buffer: no copy after
+            return _resize(chw, [self.size, self.size], out=out)
+        # torch's flip has no out=: a flipped image is made, then copied by the caller
+        res = _resize(chw, [self.size, self.size], self.channels_last)
+        return res.flip(-1) if flip else res  # flip keeps the layout (a dense tensor's strides)
 
     def draw(self, data: bytes, generator: torch.Generator | None = None) -> tuple[int, int, int, int, int, int, bool]:
         """The random draws of one ``from_bytes`` call: ``(height, width, top, left, crop h, crop w, flip)``.
@@ -300,14 +326,18 @@ class TrainTransform:
         return torch.from_numpy(arr[y0:y1, x0:x1].transpose(2, 0, 1))
 
     @timed("transform", own=True, per_class=True)
-    def from_bytes(self, data: bytes, generator: torch.Generator | None = None) -> torch.Tensor:
+    def from_bytes(self, data: bytes, generator: torch.Generator | None = None, *,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
         """Decode only as much as the crop needs, then crop, resize and flip.
 
         The crop and flip are drawn from ``generator`` when given (the thread pipeline
-        gives each sample its own), else from torch's global RNG.
+        gives each sample its own), else from torch's global RNG. ``out``: a ``uint8``
+        3 x ``size`` x ``size`` tensor the image may be written into (the thread pipeline
+        passes its batch slot); the result is ``out`` when it was, else a new tensor for the
+        caller to copy (a flipped image: torch's flip cannot write into a given tensor).
         """
         drawn = self.draw(data, generator)
-        return self._finish(self.decode_crop(data, drawn), drawn[6])
+        return self._finish(self.decode_crop(data, drawn), drawn[6], out)
 
     @timed("transform", own=True, per_class=True)
     def __call__(self, img) -> torch.Tensor:

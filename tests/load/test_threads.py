@@ -126,6 +126,40 @@ def test_a_subclass_getitem_runs_in_threads_as_in_processes(tiny_store):
     assert labels.min() >= 100 and len(labels) == N
 
 
+class _SpyTrain(type(train_transform(32))):
+    """The train preset, counting the images it wrote into the batch buffer itself."""
+
+    into = 0
+
+    def from_bytes(self, data, generator=None, *, out=None):
+        image = super().from_bytes(data, generator, out=out)
+        if out is not None and image.data_ptr() == out.data_ptr():
+            type(self).into += 1
+        return image
+
+
+class _OwnGetitem(LMDBImageDataset):
+    """A subclass with its own getitem that knows nothing of out=: the fast path copies its images."""
+
+    def getitem(self, index, *, generator=None):
+        return super().getitem(index, generator=generator)
+
+
+def test_the_fast_path_lets_the_preset_write_into_the_batch_and_copies_otherwise(tiny_store):
+    def batches(ds):
+        return [x.clone() for x, _ in DataLoader(ds, batch_size=5, shuffle=True, num_workers=2, backend="threads",
+                                                  generator=torch.Generator().manual_seed(3))]
+
+    _SpyTrain.into = 0
+    spied = batches(LMDBImageDataset(tiny_store, transform=_SpyTrain(32)))
+    assert 0 < _SpyTrain.into < N  # the unflipped ones (the flipped are copied)
+    _SpyTrain.into = 0
+    copied = batches(_OwnGetitem(tiny_store, transform=_SpyTrain(32)))
+    assert _SpyTrain.into == 0
+    reference = batches(LMDBImageDataset(tiny_store, transform=train_transform(32)))
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(spied, copied, reference))
+
+
 @pytest.mark.parametrize("other", [0, 3])
 def test_same_seed_same_batches_whatever_the_thread_count(tiny_store, other):
     def run(threads):

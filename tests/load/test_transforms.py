@@ -218,6 +218,29 @@ def test_channels_last_presets_give_the_same_values_laid_out_channels_last(hw):
     assert "channels_last=True" in repr(cl) and "channels_last" not in repr(planar)
 
 
+@pytest.mark.parametrize("hw", [(260, 300), (900, 700), (112, 112)])  # 112: a crop that needs no resize
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_train_from_bytes_into_a_batch_slot_gives_the_same_image(hw, layout, channels_last):
+    data = jpeg_bytes(photo(hw[1], hw[0], seed=5))
+    kw = {"scale": (1.0, 1.0), "ratio": (1.0, 1.0)} if hw == (112, 112) else {}
+    t = TrainTransform(112, channels_last=channels_last, **kw)
+    batch = torch.full((4, 3, 112, 112), 7, dtype=torch.uint8).contiguous(memory_format=layout)
+    flips = set()
+    for seed in range(16):
+        ref = t.from_bytes(data, torch.Generator().manual_seed(seed))
+        slot = batch[seed % 4]
+        got = t.from_bytes(data, torch.Generator().manual_seed(seed), out=slot)
+        flipped = t.draw(data, torch.Generator().manual_seed(seed))[6]
+        flips.add(flipped)
+        assert torch.equal(got, ref)
+        # unflipped: written into the slot, in the slot's layout; flipped: a new image for the caller to copy
+        assert (got.data_ptr() == slot.data_ptr() and got.stride() == slot.stride()) is not flipped
+        if not flipped:
+            assert torch.equal(slot, ref)
+    assert flips == {False, True}
+
+
 def test_collate_uint8_keeps_a_channels_last_layout_only_when_every_sample_has_it():
     hwc = [torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8) for _ in range(4)]
     cl = [(x.permute(2, 0, 1), i) for i, x in enumerate(hwc)]
