@@ -1,7 +1,8 @@
-"""The train preset writing planar (CHW) against channels-last batches, side by side, in a loader.
+"""Where the train preset writes its batches, side by side in a loader: planar against channels-last,
+or (``--compare slot``) straight into the thread pipeline's batch slot against copied there.
 
     python tools/channels_last_ab.py STORE [--workers 2] [--batch-size 64] [--batches 30] [--rounds 6]
-                                         [--backends threads,processes]
+                                         [--backends threads,processes] [--compare layout|slot]
 
 Per backend, two arms read the same store with the same seed, so the same samples in the
 same batches with the same crops: ``train_transform(224)`` and ``train_transform(224,
@@ -10,6 +11,11 @@ hand out the same ``uint8`` values (checked on the first batches before timing):
 contiguous NCHW, one as ``torch.channels_last``. That is a GPU host's case: the batch is
 copied to the device, where either layout is converted for the model in microseconds; on the
 CPU the channels-last arm skips the resize kernel's planar scatter.
+
+``--compare slot`` (thread backend): per layout, the train preset as shipped, which resizes an
+unflipped image straight into its slot of the batch buffer (``from_bytes(..., out=slot)``),
+against the same preset without ``out=`` (a subclass), whose every image the pipeline copies
+into its slot. Same batches, checked first; ratios slot/copied.
 
 Discipline as ``fastload bench loader``: every arm's loader is built fresh in each round and
 its iterator shut down before the next arm runs (worker processes joined, threads stopped), round ``k`` runs the
@@ -38,6 +44,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--backends", default="threads,processes")
+    ap.add_argument("--compare", choices=("layout", "slot"), default="layout")
     args = ap.parse_args()
 
     import psutil
@@ -45,7 +52,7 @@ def main() -> None:
 
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.loader import DataLoader
-    from fastload.load.transforms import collate_uint8, train_transform
+    from fastload.load.transforms import TrainTransform, collate_uint8, train_transform
     from fastload.measure.rounds import interleave
     from fastload.measure.stages import shutdown
 
@@ -56,21 +63,33 @@ def main() -> None:
     # one dataset, its reader shared (LMDB opens a store once per process); each arm a copy with its preset
     base = LMDBImageDataset(args.store)
 
-    def make(backend: str, channels_last: bool) -> DataLoader:
+    class Copied(TrainTransform):
+        """The train preset without ``out=``: the thread pipeline copies each image into its slot."""
+
+        def from_bytes(self, data, generator=None):
+            return super().from_bytes(data, generator)
+
+    def make(backend: str, channels_last: bool, into: bool = True) -> DataLoader:
         ds = copy.copy(base)
-        ds.transform = train_transform(args.size, channels_last=channels_last)
+        ds.transform = (train_transform if into else Copied)(args.size, channels_last=channels_last)
         # persistent workers: epochs follow one another in the timed batches, the same processes measured
         return DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, backend=backend,
                           collate_fn=collate_uint8, generator=torch.Generator().manual_seed(0), drop_last=True,
                           persistent_workers=backend == "processes" and args.workers > 0)
 
-    backends = args.backends.split(",")
-    for backend in backends:  # the same values, one arm channels-last
-        la, lb = make(backend, False), make(backend, True)
+    backends = ["threads"] if args.compare == "slot" else args.backends.split(",")
+    # pairs of arms: (backend, channels_last, into); the second of each pair is the one compared to the first
+    if args.compare == "slot":
+        pairs = [(("threads", cl, False), ("threads", cl, True)) for cl in (False, True)]
+    else:
+        pairs = [((b, False, True), (b, True, True)) for b in backends]
+    for arm_a, arm_b in pairs:  # the same values in both arms of a pair
+        la, lb = make(*arm_a), make(*arm_b)
         a, b = epochs(la), epochs(lb)
         for (x, lx), (y, ly) in itertools.islice(zip(a, b), 2):
             assert torch.equal(x, y) and torch.equal(lx, ly), "the two arms must hand out the same batches"
-            assert x.is_contiguous() and y.is_contiguous(memory_format=torch.channels_last)
+            assert x.is_contiguous(memory_format=torch.channels_last if arm_a[1] else torch.contiguous_format)
+            assert y.is_contiguous(memory_format=torch.channels_last if arm_b[1] else torch.contiguous_format)
         for loader, it in ((la, a), (lb, b)):  # threads stopped (the epoch's iterator closed), workers joined
             it.close()
             shutdown(loader)
@@ -87,7 +106,7 @@ def main() -> None:
             out[p.pid] = t.user + t.system
         return out
 
-    def measure(arm: tuple[str, bool], _round: int) -> tuple[float, float]:
+    def measure(arm: tuple[str, bool, bool], _round: int) -> tuple[float, float]:
         threads = torch.get_num_threads()  # fastload.DataLoader lowers them while it iterates
         loader = make(*arm)
         it = epochs(loader)
@@ -105,25 +124,31 @@ def main() -> None:
             shutdown(loader)  # persistent worker processes joined now, not at garbage collection
             torch.set_num_threads(threads)
 
-    arms = [(b, cl) for b in backends for cl in (False, True)]
+    arms = [arm for pair in pairs for arm in pair]
     res = interleave(arms, args.rounds, measure)
     print(f"{args.store}: batch {args.batch_size}, {args.workers} workers, {args.size}px, uint8 batches, "
           f"{args.rounds} interleaved rounds x {args.batches} batches")
-    print(f"{'arm':<34}{'images/s':>10}{'min-max':>16}{'CPU us/image':>14}{'min-max':>12}")
+    print(f"{'arm':<44}{'images/s':>10}{'min-max':>16}{'CPU us/image':>14}{'min-max':>12}")
 
     def med(v: list[float]) -> float:
         return sorted(v)[len(v) // 2]
 
-    for (backend, cl), arm in res.items():
-        rate, us = [v[0] for v in arm.values], [v[1] for v in arm.values]
-        name = f"{backend}, {'channels-last' if cl else 'planar (NCHW)'}"
-        print(f"{name:<34}{med(rate):>10.0f}{f'{min(rate):.0f}-{max(rate):.0f}':>16}{med(us):>14.0f}"
+    def name(arm: tuple[str, bool, bool]) -> str:
+        backend, cl, into = arm
+        slot = ("" if args.compare == "layout" else ", into the slot" if into else ", copied")
+        return f"{backend}, {'channels-last' if cl else 'planar (NCHW)'}{slot}"
+
+    for arm, got in res.items():
+        rate, us = [v[0] for v in got.values], [v[1] for v in got.values]
+        print(f"{name(arm):<44}{med(rate):>10.0f}{f'{min(rate):.0f}-{max(rate):.0f}':>16}{med(us):>14.0f}"
               f"{f'{min(us):.0f}-{max(us):.0f}':>12}")
-    for backend in backends:
-        pairs = list(zip(res[(backend, True)].values, res[(backend, False)].values))
-        r = sorted(c[0] / p[0] for c, p in pairs)
-        u = sorted(c[1] / p[1] for c, p in pairs if p[1] > 0) or [float("nan")]  # a run too short for CPU ticks
-        print(f"{backend}: channels-last / planar per round: images/s {med(r):.3f} ({r[0]:.3f}-{r[-1]:.3f}), "
+    for arm_a, arm_b in pairs:
+        rounds = list(zip(res[arm_b].values, res[arm_a].values))
+        r = sorted(c[0] / p[0] for c, p in rounds)
+        u = sorted(c[1] / p[1] for c, p in rounds if p[1] > 0) or [float("nan")]  # a run too short for CPU ticks
+        what = ("channels-last / planar" if args.compare == "layout" else
+                f"{'channels-last' if arm_a[1] else 'planar'}: into the slot / copied")
+        print(f"{arm_a[0]}: {what} per round: images/s {med(r):.3f} ({r[0]:.3f}-{r[-1]:.3f}), "
               f"CPU per image {med(u):.3f} ({u[0]:.3f}-{u[-1]:.3f})")
 
 
