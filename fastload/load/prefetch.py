@@ -69,7 +69,8 @@ class OutputBuffers:
                 other = next((e for e in self.pool if reuse.idle(e[0], e[2])), None)
                 if other is None:
                     return buf
-                self.pool.remove(other)
+                # by identity: list.remove compares entries with ==, which on tensors is elementwise
+                self.pool = [e for e in self.pool if e is not other]
             self.pool.append((buf, channels_last, reuse.holders(buf)))
             return buf[:]
 
