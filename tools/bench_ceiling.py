@@ -12,7 +12,10 @@ the decoders release the GIL), in rounds, and prints each as a share of twice th
 figure. Then it prints the store's two floors per core and normalisation per batch
 (``store_floors``: decode alone at the DCT scale or region the preset uses, the preset's
 whole per-image work, their ratio per round), the figures ``bench loader`` reports every
-path against. STORE defaults to a temporary store of the generated default dataset.
+path against. Each round also times the thread pipeline's per-sample work without the
+pipeline around it (read from the store, seeded draws, into a batch slot) in one thread and in
+two, so the loader can be put against its own floor and the GIL's share seen apart from the
+pipeline's. STORE defaults to a temporary store of the generated default dataset.
 
 Must not: be imported by the package (a tool, run by hand).
 """
@@ -63,6 +66,43 @@ def _two_threads(store: str, size: int, seconds: float) -> float:
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def _sample_loop(store: str, size: int, seconds: float, n_threads: int) -> float:
+    """Images/s of the thread pipeline's per-sample work alone, in ``n_threads`` threads: each sample
+    read from the store (crc32 checked), its crop drawn from its own seeded generator, decoded,
+    resized and written into a batch buffer's slot (``getitem(..., out=slot)``, copied when flipped),
+    with no pool, queue or batch hand-over around it."""
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.replay import mix_seed
+    from fastload.load.transforms import train_transform
+
+    torch.set_num_threads(1)
+    ds = LMDBImageDataset(store, transform=train_transform(size))
+    n = len(ds)
+    counts = [0] * n_threads
+
+    def work(k: int) -> None:
+        buf = torch.empty(64, 3, size, size, dtype=torch.uint8)
+        i = k
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            slot = buf[i % 64]
+            image, _ = ds.getitem(i % n, generator=torch.Generator().manual_seed(mix_seed(1, 0, i)), out=slot)
+            if image.data_ptr() != slot.data_ptr():
+                slot.copy_(image)
+            counts[k] += 1
+            i += n_threads
+
+    work_threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
+    t0 = time.perf_counter()
+    for t in work_threads:
+        t.start()
+    for t in work_threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("store", nargs="?")
@@ -95,6 +135,10 @@ def main() -> None:
             print(f"round {r + 1}: one process alone {one:.0f} images/s; two processes at once "
                   f"{two[0]:.0f} + {two[1]:.0f} = {sum(two):.0f} ({sum(two) / (2 * one):.0%} of 2x alone); "
                   f"two threads of one process {th:.0f} ({th / (2 * one):.0%})")
+            s1, s2 = (_sample_loop(store, args.size, args.seconds, k) for k in (1, 2))
+            print(f"         the thread pipeline's per-sample work (store read, seeded draws, into a batch slot): "
+                  f"one thread {s1:.0f} images/s ({s1 / one:.0%} of the preset alone), two threads {s2:.0f} "
+                  f"({s2 / (2 * s1):.0%} of 2x one thread)")
         from fastload.bench.loader import store_floors
 
         f = store_floors(Path(store), args.size, 64, seconds=args.seconds / 2, rounds=args.rounds)
