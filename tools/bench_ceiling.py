@@ -14,8 +14,9 @@ figure. Then it prints the store's two floors per core and normalisation per bat
 whole per-image work, their ratio per round), the figures ``bench loader`` reports every
 path against. Each round also times the thread pipeline's per-sample work without the
 pipeline around it (read from the store, seeded draws, into a batch slot) in one thread and in
-two, so the loader can be put against its own floor and the GIL's share seen apart from the
-pipeline's. STORE defaults to a temporary store of the generated default dataset.
+two, and then the thread loader itself (2 threads, ``uint8`` batches), so the loader can be put
+against its own floor and the GIL's share seen apart from the pipeline's. STORE defaults to a
+temporary store of the generated default dataset.
 
 Must not: be imported by the package (a tool, run by hand).
 """
@@ -103,6 +104,32 @@ def _sample_loop(store: str, size: int, seconds: float, n_threads: int) -> float
     return sum(counts) / (time.perf_counter() - t0)
 
 
+def _thread_loader(store: str, size: int, seconds: float) -> float:
+    """Images/s of ``fastload.DataLoader(..., backend="threads", num_workers=2)`` itself on the same store
+    (batch 64, ``collate_uint8``), 2 batches of warm-up, then batches for ``seconds``."""
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.loader import DataLoader
+    from fastload.load.transforms import collate_uint8, train_transform
+
+    ds = LMDBImageDataset(store, transform=train_transform(size))
+    loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2, backend="threads", collate_fn=collate_uint8,
+                        generator=torch.Generator().manual_seed(0), drop_last=True)
+    n, t0, warm = 0, 0.0, 2
+    while True:
+        it = iter(loader)
+        for images, _ in it:
+            if warm:
+                warm -= 1
+                t0 = time.perf_counter()
+                continue
+            n += len(images)
+            if time.perf_counter() - t0 >= seconds:
+                it.close()
+                return n / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("store", nargs="?")
@@ -136,9 +163,11 @@ def main() -> None:
                   f"{two[0]:.0f} + {two[1]:.0f} = {sum(two):.0f} ({sum(two) / (2 * one):.0%} of 2x alone); "
                   f"two threads of one process {th:.0f} ({th / (2 * one):.0%})")
             s1, s2 = (_sample_loop(store, args.size, args.seconds, k) for k in (1, 2))
+            loader = _thread_loader(store, args.size, args.seconds)
             print(f"         the thread pipeline's per-sample work (store read, seeded draws, into a batch slot): "
                   f"one thread {s1:.0f} images/s ({s1 / one:.0%} of the preset alone), two threads {s2:.0f} "
-                  f"({s2 / (2 * s1):.0%} of 2x one thread)")
+                  f"({s2 / (2 * s1):.0%} of 2x one thread); the thread loader (2 threads, uint8 batches of 64) "
+                  f"{loader:.0f} ({loader / s2:.0%} of the two threads' per-sample work)")
         from fastload.bench.loader import store_floors
 
         f = store_floors(Path(store), args.size, 64, seconds=args.seconds / 2, rounds=args.rounds)
