@@ -1,0 +1,205 @@
+"""Three probes of the thread pipeline's per-image cost, each side by side in interleaved rounds.
+
+    python tools/thread_probes.py STORE steps   [--rounds 5]
+    python tools/thread_probes.py STORE crc     [--rounds 6]   # needs: pip install zlib-ng isal
+    python tools/thread_probes.py STORE threads [--rounds 6] [--counts 2,3,4]
+
+``steps``: one thread, the same records and per-sample seeds, four loops that add one step
+each to the last: the train preset on bytes already in memory; + the store read (LMDB, the
+changed-store check, crc32); + the copy into a batch buffer; ``dataset.getitem`` in place of
+the read and the preset (what the pipeline calls). Prints µs per image per loop.
+
+``crc``: the per-sample loop (``getitem`` into a batch slot, seeded per sample) in one and in two
+threads, with the store reader's crc32 from zlib (shipped), zlib-ng and isal (the same CRC-32,
+checked first; an arm whose package is missing is left out). Prints images/s and the per-round
+ratios against zlib.
+
+``threads``: ``fastload.DataLoader(..., backend="threads", collate_fn=collate_uint8)`` with each
+thread count of ``--counts``, ``uint8`` batches of 64, 10 batches per arm after 2 untimed ones,
+fresh loader per arm. Prints images/s, the process's CPU per image, and ratios to the first count.
+
+Must not: be imported by the package (a tool, run by hand). Asserts nothing about timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+import types
+
+
+def _med(v: list[float]) -> str:
+    return f"{statistics.median(v):.0f} ({min(v):.0f}-{max(v):.0f})"
+
+
+def _ratio(a: list[float], b: list[float]) -> str:
+    r = sorted(x / y for x, y in zip(a, b))
+    return f"{statistics.median(r):.3f} ({r[0]:.3f}-{r[-1]:.3f})"
+
+
+def steps(store: str, rounds: int) -> None:
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.replay import mix_seed
+    from fastload.load.transforms import train_transform
+
+    ds = LMDBImageDataset(store, transform=train_transform(224))
+    n, tf, reader = len(ds), ds.transform, ds.reader
+    blobs = [ds.get_bytes(i) for i in range(n)]
+    buf = torch.empty(64, 3, 224, 224, dtype=torch.uint8)
+
+    def gen(i: int) -> torch.Generator:
+        return torch.Generator().manual_seed(mix_seed(1, 0, i))
+
+    # each loop drops its images as it goes (a list of them would cost a fresh, page-faulted tensor per image)
+    def preset() -> None:
+        for i in range(n):
+            tf.from_bytes(blobs[i], gen(i))
+
+    def read() -> None:
+        for i in range(n):
+            tf.from_bytes(reader.get(i), gen(i))
+
+    def copy() -> None:
+        for i in range(n):
+            buf[i % 64].copy_(tf.from_bytes(reader.get(i), gen(i)))
+
+    def getitem() -> None:
+        for i in range(n):
+            buf[i % 64].copy_(ds.getitem(i, generator=gen(i))[0])
+
+    loops = {"preset on bytes in memory": preset, "+ store read": read, "+ copy into the batch": copy,
+             "getitem, copied": getitem}
+    names = list(loops)
+    res: dict[str, list[float]] = {k: [] for k in names}
+    torch.set_num_threads(1)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            loops[name]()
+            res[name].append((time.perf_counter() - t0) / n * 1e6)
+    print(f"{store}: one thread, {n} records, {rounds} rounds (loop order rotated); us per image, median (min-max)")
+    for name in names:
+        print(f"{name:<28} {_med(res[name])}")
+
+
+def _sample_loop(ds, n_threads: int, count: int) -> float:
+    import torch
+
+    from fastload.load.replay import mix_seed
+
+    n = len(ds)
+
+    def work(k: int) -> None:
+        buf = torch.empty(64, 3, 224, 224, dtype=torch.uint8)
+        for i in range(k, count, n_threads):
+            slot = buf[i % 64]
+            image, _ = ds.getitem(i % n, generator=torch.Generator().manual_seed(mix_seed(1, 0, i)), out=slot)
+            if image.data_ptr() != slot.data_ptr():
+                slot.copy_(image)
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return count / (time.perf_counter() - t0)
+
+
+def crc(store: str, rounds: int) -> None:
+    import os
+    import zlib
+
+    import torch
+
+    import fastload.store.reader as reader_module
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import train_transform
+
+    impl = {"zlib": zlib}
+    try:
+        from zlib_ng import zlib_ng
+        impl["zlib-ng"] = types.SimpleNamespace(crc32=zlib_ng.crc32)
+    except ImportError:
+        print("zlib-ng not installed: left out")
+    try:
+        from isal import isal_zlib
+        impl["isal"] = types.SimpleNamespace(crc32=isal_zlib.crc32)
+    except ImportError:
+        print("isal not installed: left out")
+    probe = os.urandom(36_000)
+    for name, m in impl.items():
+        assert m.crc32(probe) == zlib.crc32(probe), f"{name} computes another checksum"
+    torch.set_num_threads(1)
+    ds = LMDBImageDataset(store, transform=train_transform(224))
+    names = list(impl)
+    res: dict[tuple[str, int], list[float]] = {}
+    try:
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                reader_module.zlib = impl[name]
+                for k in (1, 2):
+                    res.setdefault((name, k), []).append(_sample_loop(ds, k, 400 * k))
+    finally:
+        reader_module.zlib = zlib
+    print(f"{store}: the per-sample loop (getitem into a batch slot), {rounds} rounds; images/s, and per round "
+          "against zlib")
+    for k in (1, 2):
+        for name in names:
+            print(f"{k} thread(s), {name:<8} {_med(res[(name, k)])}  x{_ratio(res[(name, k)], res[('zlib', k)])}")
+
+
+def threads(store: str, rounds: int, counts: list[int]) -> None:
+    import psutil
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.loader import DataLoader
+    from fastload.load.transforms import collate_uint8, train_transform
+
+    me = psutil.Process()
+    rate: dict[int, list[float]] = {c: [] for c in counts}
+    cpu: dict[int, list[float]] = {c: [] for c in counts}
+    for r in range(rounds):
+        for c in counts[r % len(counts):] + counts[:r % len(counts)]:
+            ds = LMDBImageDataset(store, transform=train_transform(224))
+            it = iter(DataLoader(ds, batch_size=64, shuffle=True, num_workers=c, backend="threads",
+                                 collate_fn=collate_uint8, generator=torch.Generator().manual_seed(r), drop_last=True))
+            next(it)
+            next(it)
+            t0, c0, n = time.perf_counter(), me.cpu_times(), 0
+            for images, _ in it:
+                n += len(images)
+                if n >= 640:
+                    break
+            dt, c1 = time.perf_counter() - t0, me.cpu_times()
+            it.close()
+            rate[c].append(n / dt)
+            cpu[c].append((c1.user - c0.user + c1.system - c0.system) / n * 1e6)
+    print(f"{store}: thread loader, uint8 batches of 64, {rounds} rounds (order rotated), 10 batches per arm")
+    for c in counts:
+        print(f"{c} threads: {_med(rate[c])} images/s, CPU {_med(cpu[c])} us/image, images/s x"
+              f"{_ratio(rate[c], rate[counts[0]])} of {counts[0]} threads")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("store")
+    ap.add_argument("probe", choices=("steps", "crc", "threads"))
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--counts", default="2,3,4")
+    args = ap.parse_args()
+    if args.probe == "steps":
+        steps(args.store, args.rounds)
+    elif args.probe == "crc":
+        crc(args.store, args.rounds)
+    else:
+        threads(args.store, args.rounds, [int(c) for c in args.counts.split(",")])
+
+
+if __name__ == "__main__":
+    main()
