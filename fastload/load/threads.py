@@ -69,9 +69,11 @@ long before terminating it); the threads hold no reference to the iterator, so a
 abandoned mid-epoch is collected and its threads end. ``timeout > 0``: a batch not ready
 within it raises torch's "DataLoader timed out after N seconds" (naming the samples still
 being read) at once, without waiting for the stuck thread; that daemon thread ends when its
-read returns, and never keeps the process from exiting. At interpreter exit an iterator still
-alive stops its pool the same way (its threads end after their current sample): a daemon
-thread left inside a torch or decoder call while CPython finalises would abort the process.
+read returns, and never keeps the process from exiting. At interpreter exit the pools of all iterators still
+alive are stopped first (their threads end after their current sample): a daemon thread left
+inside a torch or decoder call while CPython finalises would abort the process. Their threads
+are waited for within one budget shared with fastload's other exit handlers
+(``exiting.wait_left``: ``JOIN_TIMEOUT_S`` at most for one pool, ``EXIT_BUDGET_S`` for all).
 
 torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
 nothing to act on (a pool starts per epoch, in microseconds); batches always come in
@@ -84,6 +86,7 @@ Must not: start processes, touch ``/dev/shm``, or copy to the device (that is
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import inspect
 import queue
@@ -98,6 +101,7 @@ import torch
 from torch.utils.data import IterableDataset
 from torch.utils.data._utils.collate import default_collate
 
+from fastload import exiting
 from fastload.load import reuse
 from fastload.load.dataset import LMDBImageDataset
 from fastload.load.replay import mix_seed
@@ -237,15 +241,49 @@ class _Pool:
 
     def close(self, join_s: float = JOIN_TIMEOUT_S) -> None:
         """Stop the threads and wait at most ``join_s`` in all for them (0: do not wait)."""
+        self.stop()
+        self.join(join_s)
+
+    def stop(self) -> None:
+        """Ask every thread to end after its current task (queued tasks return at once)."""
         with self.lock:
-            self.stopping.set()  # queued tasks see it and return at once
+            self.stopping.set()
             threads, self.retiring = list(self.threads), 0
         for _ in threads:
             self.tasks.put(None)
+
+    def join(self, join_s: float) -> None:
         deadline = time.monotonic() + join_s
-        for t in threads:
+        for t in list(self.threads):
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
+
+
+# iterators whose pool is running, for the exit handler below (weakly: an iterator dropped is collected)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_exit_hooked = False
+
+
+def _hook_exit() -> None:
+    """Register ``_close_at_exit`` once, after the first iterator's ``weakref.finalize`` (which registers
+    weakref's own exit handler): exit handlers run last-registered first, so this one runs before it."""
+    global _exit_hooked
+    if not _exit_hooked:
+        _exit_hooked = True
+        atexit.register(_close_at_exit)
+
+
+def _close_at_exit() -> None:
+    """Stop every live iterator's pool, then wait for their threads within the shared exit budget
+    (``exiting.wait_left``; at most ``JOIN_TIMEOUT_S`` for one pool, as ``close()`` waits)."""
+    pools = []
+    for it in list(_LIVE):
+        closer = it._closer
+        if closer is not None and closer.detach() is not None:  # not closed yet: it is closed here
+            it._pool.stop()
+            pools.append(it._pool)
+    for pool in pools:
+        pool.join(exiting.wait_left(JOIN_TIMEOUT_S))
 
 
 class _Buffers:
@@ -419,6 +457,9 @@ class ThreadBatchIterator(Iterator):
         # pool first. The threads end after their current sample; a stuck one is waited for at most
         # JOIN_TIMEOUT_S (after a timeout error, not at all: ``_timed_out`` detaches this)
         self._closer = weakref.finalize(self, self._pool.close) if self._pool is not None else None
+        if self._pool is not None:  # at exit, every live pool is stopped first, within one shared budget
+            _LIVE.add(self)
+            _hook_exit()
         try:  # the order is drawn now, not at the first next(): a state taken before it then holds it
             self._fill(self._depth if self._pool is not None else 1)
         except BaseException:

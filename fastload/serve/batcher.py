@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from fastload import exiting
 from fastload.errors import DeadlineExceeded, DeviceFailure, Overloaded
 from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, EvalTransform, normalize
@@ -264,7 +265,9 @@ class DynamicBatcher:
         self._pool.shutdown(wait=drain, cancel_futures=not drain)
 
     def _stop_at_exit(self) -> None:
-        self.stop(drain=False, timeout=EXIT_JOIN_S)
+        # within the exit budget shared with fastload's other exit handlers (a script that ends with several
+        # batchers stuck in their models waits EXIT_BUDGET_S in all, not EXIT_JOIN_S each)
+        self.stop(drain=False, timeout=exiting.wait_left(EXIT_JOIN_S))
 
     def __enter__(self) -> DynamicBatcher:
         return self.start()

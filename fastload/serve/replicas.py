@@ -27,6 +27,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from fastload import exiting
 from fastload.errors import DeviceFailure, Overloaded
 from fastload.serve._futures import await_future
 from fastload.serve.batcher import EXIT_JOIN_S, DynamicBatcher
@@ -134,9 +135,9 @@ class Router:
 
     def _stop_at_exit(self) -> None:
         self._stopping.set()  # no probe starts from here on
-        self._join_threads(EXIT_JOIN_S)  # the probes inside the model return first
-        for b in self._every():
-            b.stop(drain=False, timeout=EXIT_JOIN_S)
+        self._join_threads(exiting.wait_left(EXIT_JOIN_S))  # the probes inside the model return first
+        for b in self._every():  # within the exit budget shared with fastload's other exit handlers
+            b.stop(drain=False, timeout=exiting.wait_left(EXIT_JOIN_S))
 
     def healthy(self) -> list[DynamicBatcher]:
         with self._lock:

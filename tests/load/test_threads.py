@@ -467,6 +467,34 @@ def test_a_script_that_ends_with_an_iterator_mid_epoch_exits_cleanly(tmp_path):
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr)
 
 
+def test_stuck_iterators_alive_at_exit_share_one_exit_budget(tmp_path):
+    # each live iterator's finaliser waited JOIN_TIMEOUT_S for its stuck thread: 4 iterators, 4 times as long
+    script = tmp_path / "stuck4.py"
+    script.write_text(
+        "import atexit, time\n"  # registered first, so it runs last of the exit handlers (after fastload's)
+        "atexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+        "import threading, torch\n"
+        "import fastload.exiting, fastload.load.threads\n"
+        "from fastload.load.loader import DataLoader\n"
+        "fastload.load.threads.JOIN_TIMEOUT_S = 1.5  # per pool\n"
+        "fastload.exiting.EXIT_BUDGET_S = 1.0  # all of them\n"
+        "class Stuck(torch.utils.data.Dataset):\n"
+        "    def __len__(self): return 8\n"
+        "    def __getitem__(self, i):\n"
+        "        if i == 3: threading.Event().wait()  # never returns\n"
+        "        return torch.tensor([i])\n"
+        "its = [iter(DataLoader(Stuck(), batch_size=2, num_workers=2, backend='threads')) for _ in range(4)]\n"
+        "time.sleep(0.5)  # every pool has a thread inside sample 3\n"
+        "print('leaving', time.time(), flush=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    left = float(proc.stdout.split("leaving")[1].split()[0])
+    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
+    # one budget of 1 s for the four pools, not 4 x 1.5 s
+    assert last_handler - left < 3.0, f"the exit handlers took {last_handler - left:.1f} s"
+    assert last_handler - left > 0.8, f"the exit handlers did not wait for the stuck threads at all: {proc.stdout}"
+
+
 @pytest.mark.parametrize("backend, threads", [("threads", 2), ("threads", 0), ("processes", 2)])
 def test_a_channels_last_preset_gives_channels_last_batches_of_the_same_values(tiny_store, backend, threads):
     def batches(channels_last: bool, collate):

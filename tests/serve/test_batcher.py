@@ -187,6 +187,40 @@ def test_a_script_that_ends_without_stop_exits_cleanly(tmp_path):
         assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr)
 
 
+def test_batchers_stuck_in_their_models_at_exit_share_one_exit_budget(tmp_path):
+    # each batcher's exit handler waited EXIT_JOIN_S for its model thread: three batchers, three times as long
+    script = tmp_path / "stuck.py"
+    script.write_text(
+        "import atexit, time\n"  # registered first, so it runs last of the exit handlers (after fastload's)
+        "atexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+        "import io, threading, torch\n"
+        "from PIL import Image\n"
+        "import fastload.exiting, fastload.serve.batcher\n"
+        "from fastload.serve import DynamicBatcher\n"
+        "fastload.serve.batcher.EXIT_JOIN_S = 1.5  # per batcher\n"
+        "fastload.exiting.EXIT_BUDGET_S = 1.0  # all of them\n"
+        "gate = threading.Event()\n"
+        "class Stuck(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.calls = 0\n"
+        "    def forward(self, x):\n"
+        "        self.calls += 1\n"
+        "        if self.calls > 1: gate.wait()  # after the warm-up: never returns\n"
+        "        return x.float().mean(dim=(1, 2, 3))\n"
+        "buf = io.BytesIO(); Image.new('RGB', (64, 48), (120, 30, 200)).save(buf, 'JPEG')\n"
+        "bs = [DynamicBatcher(Stuck(), max_batch=1, max_wait_ms=0, device='cpu', name=f'b{k}').start() for k in range(3)]\n"
+        "fs = [b.submit(buf.getvalue()) for b in bs]\n"
+        "time.sleep(1.0)  # every batcher's model thread is inside its model\n"
+        "print('leaving', time.time(), flush=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    left = float(proc.stdout.split("leaving")[1].split()[0])
+    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
+    # one budget of 1 s for the three, not 3 x 1.5 s
+    assert 0.8 < last_handler - left < 3.0, f"the exit handlers took {last_handler - left:.1f} s"
+
+
 def test_a_stopped_batcher_is_not_kept_alive_by_its_exit_handler():
     b = make(FakeModel())
     b.stop()
