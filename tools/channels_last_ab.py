@@ -1,5 +1,7 @@
-"""Where the train preset writes its batches, side by side in a loader: planar against channels-last,
-or (``--compare slot``) straight into the thread pipeline's batch slot against copied there.
+"""Where the train preset writes its batches, side by side in a loader (layout, or slot with --compare).
+
+Planar against channels-last batches, or (``--compare slot``) the preset writing straight into the
+thread pipeline's batch slot against the pipeline copying it there.
 
     python tools/channels_last_ab.py STORE [--workers 2] [--batch-size 64] [--batches 30] [--rounds 6]
                                          [--backends threads,processes] [--compare layout|slot]

@@ -1,6 +1,6 @@
 """Three probes of the thread pipeline's per-image cost, each side by side in interleaved rounds.
 
-    python tools/thread_probes.py STORE steps   [--rounds 5]
+    python tools/thread_probes.py STORE steps   [--rounds 6]
     python tools/thread_probes.py STORE crc     [--rounds 6]   # needs: pip install zlib-ng isal
     python tools/thread_probes.py STORE threads [--rounds 6] [--counts 2,3,4]
 

@@ -144,6 +144,7 @@ class DynamicBatcher:
         self._pool = self._new_pool()
         self._pool_open = True  # False once stop() shut it down: start() makes a new one
         self._life = threading.Lock()  # start() and stop() one at a time (stop() from two threads, or at exit)
+        self._stops = 0  # stop() calls so far: a start() whose warm-up saw one begin does not start
         self._cond = threading.Condition()
         self._ready: collections.deque[_Request] = collections.deque()
         self._inflight: dict[int, _Request] = {}  # submitted, future not yet resolved
@@ -191,9 +192,9 @@ class DynamicBatcher:
         A stopped batcher can be started again (its preprocessing threads are made anew).
         """
         with self._life:
-            return self._start()
+            return self._start(self._stops)
 
-    def _start(self) -> DynamicBatcher:
+    def _start(self, stops: int) -> DynamicBatcher:
         if self._thread is not None:
             return self
         if self._stuck is not None and self._stuck.is_alive():
@@ -205,6 +206,9 @@ class DynamicBatcher:
         if isinstance(self.model, torch.nn.Module):
             self.model = self.model.to(self.device, self.dtype).eval()
         self._stats.warmup_s = self.probe()
+        if self._stops != stops:  # stop() was called during the warm-up (and may have given up waiting for it)
+            log.info("DynamicBatcher %s: stopped during its warm-up; not started", self.name)
+            return self
         self._stats.started = time.perf_counter()
         self._accepting, self._stopping = True, False
         self._thread = threading.Thread(target=self._loop, name=f"fastload-batcher-{self.name}", daemon=True)
@@ -224,11 +228,14 @@ class DynamicBatcher:
         """Stop accepting work; finish what was accepted (``drain``) or cancel it.
 
         Safe to call more than once and from several threads at once: a second call waits for
-        the first (or for a ``start()`` still warming up) and then stops what is left. ``timeout``
-        bounds that wait too: past it, the call logs and returns, leaving the stop to the call
-        in progress.
+        the first (or for a ``start()`` still warming up, which then does not start) and then
+        stops what is left. ``timeout`` bounds each wait (for that call, for the accepted work to
+        drain, for the model thread): past the first, the call logs and returns, leaving the stop
+        to the call in progress.
         """
-        if not self._life.acquire(timeout=-1 if timeout is None else timeout):
+        with self._cond:
+            self._stops += 1
+        if not self._life.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             log.warning("DynamicBatcher %s: another start() or stop() still runs after %ss; leaving the stop to it",
                         self.name, timeout)
             return

@@ -89,15 +89,16 @@ class Router:
         """
         starters = [threading.Thread(target=self._start_one, args=(b,), name=f"fastload-warmup-{b.name}",
                                      daemon=True) for b in self._every()]
-        with self._lock:
-            self._threads.extend(starters)
         # a script that ends without stop() while a warm-up or a re-probe runs the model: CPython ends daemon
         # threads with pthread_exit while it finalises, and one returning from a torch call then unwinds through
         # C++ frames and aborts the process (exit status 134, 4 of 4 runs of a replica re-probed at exit). At
         # exit the router stops first: no new probe starts, the ones running finish (EXIT_JOIN_S in all)
         atexit.register(self._stop_at_exit)
-        for t in starters:
-            t.start()
+        with self._lock:  # started under the lock: a stop() joins only threads that run
+            self._stopping.clear()  # a stopped router can be started again
+            self._threads = [t for t in self._threads if t.is_alive()] + starters
+            for t in starters:
+                t.start()
         if wait:
             for t in starters:
                 t.join()
@@ -119,11 +120,14 @@ class Router:
 
     def stop(self, *, drain: bool = True, timeout: float | None = 30.0) -> None:
         """Stop every replica (``drain``: finish what they accepted) and the warm-ups and re-probes."""
-        self._stopping.set()
-        atexit.unregister(self._stop_at_exit)
+        with self._lock:
+            self._stopping.set()
         for b in self._every():
             b.stop(drain=drain, timeout=timeout)
         self._join_threads(timeout)
+        with self._lock:
+            if not any(t.is_alive() for t in self._threads):  # else the exit handler still has one to wait for
+                atexit.unregister(self._stop_at_exit)
 
     def _join_threads(self, timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -134,7 +138,8 @@ class Router:
                 t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def _stop_at_exit(self) -> None:
-        self._stopping.set()  # no probe starts from here on
+        with self._lock:
+            self._stopping.set()  # no probe starts from here on
         self._join_threads(exiting.wait_left(EXIT_JOIN_S))  # the probes inside the model return first
         for b in self._every():  # within the exit budget shared with fastload's other exit handlers
             b.stop(drain=False, timeout=exiting.wait_left(EXIT_JOIN_S))
@@ -154,7 +159,7 @@ class Router:
             if self._stopping.is_set():
                 return
             self._threads.append(t)
-        t.start()
+            t.start()
 
     def _reprobe(self, b: DynamicBatcher, started: bool) -> None:
         while not self._stopping.wait(self.probe_interval_s):

@@ -295,6 +295,31 @@ def test_stop_during_the_warm_up_waits_for_it_and_leaves_the_batcher_stopped():
         b.submit(images(1)[0])
 
 
+def test_a_stop_that_gives_up_waiting_for_the_warm_up_still_keeps_the_batcher_from_starting():
+    entered = threading.Event()
+
+    class Held(FakeModel):
+        def __call__(self, x):
+            entered.set()
+            return super().__call__(x)
+
+    model = Held()
+    model.gate.clear()
+    b = DynamicBatcher(model, preprocess=EvalTransform(32, 40), device="cpu")
+    starter = threading.Thread(target=b.start)
+    starter.start()
+    assert entered.wait(10)
+    b.stop(timeout=0.2)  # the warm-up is still in the model: this stop gives up waiting for it
+    model.gate.set()
+    starter.join(10)
+    assert not b.ready.is_set() and b._thread is None
+    b.start()  # a later start() is a new request: it starts
+    try:
+        assert b.submit(images(1)[0]).result(10).shape == (1,)
+    finally:
+        b.stop()
+
+
 def test_a_batcher_whose_model_thread_is_still_stuck_refuses_to_start_again():
     model = FakeModel()
     b = make(model, max_batch=1, max_wait_ms=0)

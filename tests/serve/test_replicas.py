@@ -125,8 +125,9 @@ def test_a_script_that_ends_while_a_replica_is_re_probed_exits_cleanly(tmp_path)
         "        self.calls += 1\n"
         "        if self.calls == 1:\n"
         "            raise RuntimeError('device lost')  # the warm-up fails: the replica is re-probed\n"
-        "        for _ in range(3000):  # many short torch calls: one returns while the interpreter finalises\n"
-        "            self.conv(x[:1, :, :32, :32])\n"
+        "        t0 = time.monotonic()\n"
+        "        while time.monotonic() - t0 < 3:  # short torch calls for 3 s: one returns while the interpreter\n"
+        "            self.conv(x[:1, :, :32, :32])  # finalises (the script ends 0.5 s into the re-probe)\n"
         "        return x.float().mean(dim=(1, 2, 3))\n"
         "b = DynamicBatcher(Flaky(), preprocess=EvalTransform(224, 256), max_batch=8, device='cpu', name='flaky')\n"
         "Router([b], probe_interval_s=0.01).start()\n"
@@ -160,6 +161,17 @@ def test_a_stopped_router_is_not_kept_alive_and_a_replica_warming_up_during_stop
     del r, stopper
     gc.collect()
     assert ref() is None  # stop() unregistered its exit handler
+
+
+def test_a_stopped_router_starts_again_and_serves():
+    r = Router([replica(Flaky(), "a")]).start()
+    assert r.submit(images(1)[0]).result(10).shape == (4,)
+    r.stop()
+    r.start()
+    try:
+        assert r.healthy() and r.submit(images(1)[0]).result(10).shape == (4,)
+    finally:
+        r.stop()
 
 
 def test_killed_replica_over_http_keeps_the_service_answering():
