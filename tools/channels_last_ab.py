@@ -1,10 +1,11 @@
-"""Where the train preset writes its batches, side by side in a loader (layout, or slot with --compare).
+"""The train preset's ways of making a batch, side by side in a loader (--compare layout|slot|plan).
 
 Planar against channels-last batches, or (``--compare slot``) the preset writing straight into the
-thread pipeline's batch slot against the pipeline copying it there.
+thread pipeline's batch slot against the pipeline copying it there, or (``--compare plan``) the
+thread pipeline planning runs of samples before rendering them against one sample at a time.
 
     python tools/channels_last_ab.py STORE [--workers 2] [--batch-size 64] [--batches 30] [--rounds 6]
-                                         [--backends threads,processes] [--compare layout|slot]
+                                         [--backends threads,processes] [--compare layout|slot|plan]
 
 Per backend, two arms read the same store with the same seed, so the same samples in the
 same batches with the same crops: ``train_transform(224)`` and ``train_transform(224,
@@ -13,6 +14,11 @@ hand out the same ``uint8`` values (checked on the first batches before timing):
 contiguous NCHW, one as ``torch.channels_last``. That is a GPU host's case: the batch is
 copied to the device, where either layout is converted for the model in microseconds; on the
 CPU the channels-last arm skips the resize kernel's planar scatter.
+
+``--compare plan`` (thread backend): per layout, the train preset as shipped, whose ``plan`` and
+``render`` let the pipeline read and draw a run of samples (``threads.PLAN_RUN``) before it
+decodes and resizes them, against the same preset without them (a subclass), each sample read,
+drawn, decoded and resized in turn. Same batches, checked first; ratios planned/one by one.
 
 ``--compare slot`` (thread backend): per layout, the train preset as shipped, which resizes an
 unflipped image straight into its slot of the batch buffer (``from_bytes(..., out=slot)``),
@@ -46,7 +52,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--backends", default="threads,processes")
-    ap.add_argument("--compare", choices=("layout", "slot"), default="layout")
+    ap.add_argument("--compare", choices=("layout", "slot", "plan"), default="layout")
     args = ap.parse_args()
 
     import psutil
@@ -71,17 +77,24 @@ def main() -> None:
         def from_bytes(self, data, generator=None):
             return super().from_bytes(data, generator)
 
-    def make(backend: str, channels_last: bool, into: bool = True) -> DataLoader:
+    class Unplanned(TrainTransform):
+        """The train preset without ``plan``/``render``: the thread pipeline takes each sample in turn."""
+
+        plan = None
+        render = None
+
+    def make(backend: str, channels_last: bool, variant: bool = True) -> DataLoader:
         ds = copy.copy(base)
-        ds.transform = (train_transform if into else Copied)(args.size, channels_last=channels_last)
+        other = Unplanned if args.compare == "plan" else Copied
+        ds.transform = (train_transform if variant else other)(args.size, channels_last=channels_last)
         # persistent workers: epochs follow one another in the timed batches, the same processes measured
         return DataLoader(ds, batch_size=args.batch_size, shuffle=True, num_workers=args.workers, backend=backend,
                           collate_fn=collate_uint8, generator=torch.Generator().manual_seed(0), drop_last=True,
                           persistent_workers=backend == "processes" and args.workers > 0)
 
-    backends = ["threads"] if args.compare == "slot" else args.backends.split(",")
-    # pairs of arms: (backend, channels_last, into); the second of each pair is the one compared to the first
-    if args.compare == "slot":
+    backends = ["threads"] if args.compare != "layout" else args.backends.split(",")
+    # pairs of arms: (backend, channels_last, shipped preset); the second of each pair is compared to the first
+    if args.compare != "layout":
         pairs = [(("threads", cl, False), ("threads", cl, True)) for cl in (False, True)]
     else:
         pairs = [((b, False, True), (b, True, True)) for b in backends]
@@ -135,10 +148,11 @@ def main() -> None:
     def med(v: list[float]) -> float:
         return sorted(v)[len(v) // 2]
 
+    labels = {"layout": ("", ""), "slot": (", copied", ", into the slot"), "plan": (", one by one", ", planned")}
+
     def name(arm: tuple[str, bool, bool]) -> str:
-        backend, cl, into = arm
-        slot = ("" if args.compare == "layout" else ", into the slot" if into else ", copied")
-        return f"{backend}, {'channels-last' if cl else 'planar (NCHW)'}{slot}"
+        backend, cl, shipped = arm
+        return f"{backend}, {'channels-last' if cl else 'planar (NCHW)'}{labels[args.compare][shipped]}"
 
     for arm, got in res.items():
         rate, us = [v[0] for v in got.values], [v[1] for v in got.values]
@@ -149,7 +163,8 @@ def main() -> None:
         r = sorted(c[0] / p[0] for c, p in rounds)
         u = sorted(c[1] / p[1] for c, p in rounds if p[1] > 0) or [float("nan")]  # a run too short for CPU ticks
         what = ("channels-last / planar" if args.compare == "layout" else
-                f"{'channels-last' if arm_a[1] else 'planar'}: into the slot / copied")
+                f"{'channels-last' if arm_a[1] else 'planar'}:{labels[args.compare][1][1:]} /"
+                f"{labels[args.compare][0][1:]}")
         print(f"{arm_a[0]}: {what} per round: images/s {med(r):.3f} ({r[0]:.3f}-{r[-1]:.3f}), "
               f"CPU per image {med(u):.3f} ({u[0]:.3f}-{u[-1]:.3f})")
 

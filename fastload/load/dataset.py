@@ -153,6 +153,20 @@ class LMDBImageDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> tuple[Any, Any]:
         return self.getitem(index)
 
+    def plan(self, index: int, generator: torch.Generator | None) -> tuple[bytes, Any]:
+        """Phase one of ``getitem`` under a preset that plans (``preset_plans``): the record's bytes
+        (checked) and the preset's draws for them. The thread pipeline plans a few samples, then
+        ``render``s them. Errors are raised as they come (the caller redoes the sample with
+        ``getitem``, which names it and applies ``on_error``)."""
+        data = self._reader.get(index)
+        return data, self.transform.plan(data, generator)
+
+    def render(self, index: int, planned: tuple[bytes, Any], *, out: torch.Tensor | None = None) -> tuple[Any, Any]:
+        """Phase two: ``(image, label)`` of a ``plan``, the image as ``getitem(index, generator=...,
+        out=out)`` gives it with the same generator (raises as ``plan`` does)."""
+        data, plan = planned
+        return self.transform.render(data, plan, out=out), self._reader.label(index)
+
     def getitem(self, index: int, *, generator: torch.Generator | None = None,
                 out: torch.Tensor | None = None) -> tuple[Any, Any]:
         """``dataset[index]``, with a preset's random draws taken from ``generator`` when given.

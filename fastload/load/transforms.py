@@ -49,7 +49,7 @@ from fastload.marks import timed
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
     "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params", "preset_channels_last",
-    "preset_writes_into",
+    "preset_writes_into", "preset_plans",
 ]
 
 @runtime_checkable
@@ -68,7 +68,11 @@ class Preset(Protocol):
     pipeline's batch buffers under ``collate_uint8``. Optionally a keyword ``out`` to
     ``from_bytes`` (``preset_writes_into``): a tensor of the output's shape the preset may
     write the image into and return (the thread pipeline passes its batch slot and copies
-    only what comes back elsewhere).
+    only what comes back elsewhere). Optionally ``from_bytes`` split in two (``preset_plans``):
+    ``plan(data, generator)``, every random draw and header read, and ``render(data, plan, *,
+    out=None)``, the decode and the pixel work, with ``render(data, plan(data, g), out=o)``
+    equal to ``from_bytes(data, g, out=o)``: the thread pipeline plans a few samples in a row
+    (many small GIL-holding steps) before it renders them (long steps without the GIL).
 
     Test for it with ``is_preset(transform)``, nowhere else.
     """
@@ -96,6 +100,11 @@ def preset_writes_into(transform: object) -> bool:
         return "out" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def preset_plans(transform: object) -> bool:
+    """Whether a preset splits ``from_bytes`` into ``plan`` and ``render`` (the ``Preset`` contract)."""
+    return callable(getattr(transform, "plan", None)) and callable(getattr(transform, "render", None))
 
 
 def preset_channels_last(transform: object) -> bool:
@@ -339,6 +348,17 @@ class TrainTransform:
         """
         drawn = self.draw(data, generator)
         return self._finish(self.decode_crop(data, drawn), drawn[6], out)
+
+    @timed("transform", own=True, per_class=True)
+    def plan(self, data: bytes, generator: torch.Generator | None = None) -> tuple[int, int, int, int, int, int, bool]:
+        """``from_bytes`` before the decode: its random draws (``draw``), for ``render``."""
+        return self.draw(data, generator)
+
+    @timed("transform", own=True, per_class=True)
+    def render(self, data: bytes, plan: tuple[int, int, int, int, int, int, bool], *,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+        """``from_bytes`` after the draws: decode the crop of ``plan``, resize, flip (into ``out`` as there)."""
+        return self._finish(self.decode_crop(data, plan), plan[6], out)
 
     @timed("transform", own=True, per_class=True)
     def __call__(self, img) -> torch.Tensor:

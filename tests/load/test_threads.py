@@ -160,6 +160,39 @@ def test_the_fast_path_lets_the_preset_write_into_the_batch_and_copies_otherwise
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(spied, copied, reference))
 
 
+class _RenderFails(type(train_transform(32))):
+    """The train preset whose render fails for every other call: those samples must be redone by getitem."""
+
+    calls = 0
+
+    def render(self, data, plan, *, out=None):
+        type(self).calls += 1
+        if type(self).calls % 2:
+            raise RuntimeError("render failed (injected)")
+        return super().render(data, plan, out=out)
+
+
+def test_the_fast_path_plans_runs_of_samples_and_redoes_a_failed_one_with_getitem(tiny_store):
+    def batches(ds, threads=2):
+        return [x.clone() for x, _ in DataLoader(ds, batch_size=8, shuffle=True, num_workers=threads,
+                                                  backend="threads", generator=torch.Generator().manual_seed(4))]
+
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(32))
+    it = iter(DataLoader(ds, batch_size=8, num_workers=2, backend="threads"))
+    assert it._job.plans and it._runs(8) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # two threads: a run each
+    it.close()
+    assert not iter(DataLoader(_OwnGetitem(tiny_store, transform=train_transform(32)), batch_size=8,
+                               num_workers=2, backend="threads"))._job.plans  # a subclass's getitem runs as is
+    reference = batches(ds, threads=0)
+    processes = [x for x, _ in DataLoader(ds, batch_size=8, shuffle=True, num_workers=1, backend="processes",
+                                          generator=torch.Generator().manual_seed(4))]
+    _RenderFails.calls = 0
+    redone = batches(LMDBImageDataset(tiny_store, transform=_RenderFails(32)))
+    assert _RenderFails.calls >= N // 2
+    assert all(torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+               for a, b, c, d in zip(reference, batches(ds), redone, processes))
+
+
 @pytest.mark.parametrize("other", [0, 3])
 def test_same_seed_same_batches_whatever_the_thread_count(tiny_store, other):
     def run(threads):
