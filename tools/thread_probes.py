@@ -1,8 +1,9 @@
-"""Three probes of the thread pipeline's per-image cost, each side by side in interleaved rounds.
+"""Four probes of the thread pipeline's per-image cost, each side by side in interleaved rounds.
 
     python tools/thread_probes.py STORE steps   [--rounds 6]
     python tools/thread_probes.py STORE crc     [--rounds 6]   # needs: pip install zlib-ng isal
     python tools/thread_probes.py STORE threads [--rounds 6] [--counts 2,3,4]
+    python tools/thread_probes.py STORE runs    [--rounds 6] [--counts 1,4,8,16]
 
 ``steps``: one thread, the same records and per-sample seeds, four loops that add one step
 each to the last: the train preset on bytes already in memory; + the store read (LMDB, the
@@ -17,6 +18,12 @@ ratios against zlib.
 ``threads``: ``fastload.DataLoader(..., backend="threads", collate_fn=collate_uint8)`` with each
 thread count of ``--counts``, ``uint8`` batches of 64, 10 batches per arm after 2 untimed ones,
 fresh loader per arm. Prints images/s, the process's CPU per image, and ratios to the first count.
+
+``runs``: the per-sample work in one and in two threads (no pool around it), each thread taking
+its samples in runs of each size of ``--counts``: the run's records read and crops drawn back to
+back (``dataset.plan``), then each decoded and resized into a batch slot (``dataset.render``),
+as the pipeline's tasks do with ``PLAN_RUN``; against each sample planned and rendered in turn
+(``getitem``). Prints images/s and per-round ratios to ``getitem``.
 
 Must not: be imported by the package (a tool, run by hand). Asserts nothing about timings.
 """
@@ -186,19 +193,73 @@ def threads(store: str, rounds: int, counts: list[int]) -> None:
               f"{_ratio(rate[c], rate[counts[0]])} of {counts[0]} threads")
 
 
+def runs(store: str, rounds: int, sizes: list[int]) -> None:
+    import torch
+
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.replay import mix_seed
+    from fastload.load.transforms import train_transform
+
+    torch.set_num_threads(1)
+    ds = LMDBImageDataset(store, transform=train_transform(224))
+    n = len(ds)
+
+    def gen(i: int) -> torch.Generator:
+        return torch.Generator().manual_seed(mix_seed(1, 0, i))
+
+    def work(size: int, lo: int, hi: int) -> None:
+        buf = torch.empty(64, 3, 224, 224, dtype=torch.uint8)
+        for start in range(lo, hi, max(1, size)):
+            run = range(start, min(start + max(1, size), hi))
+            if size == 0:  # getitem: each sample read, drawn, decoded and resized in turn
+                for i in run:
+                    slot = buf[i % 64]
+                    image, _ = ds.getitem(i % n, generator=gen(i), out=slot)
+                    if image.data_ptr() != slot.data_ptr():
+                        slot.copy_(image)
+                continue
+            planned = [(i, ds.plan(i % n, gen(i))) for i in run]
+            for i, p in planned:
+                slot = buf[i % 64]
+                image, _ = ds.render(i % n, p, out=slot)
+                if image.data_ptr() != slot.data_ptr():
+                    slot.copy_(image)
+
+    arms = [0, *sizes]
+    res: dict[tuple[int, int], list[float]] = {}
+    for r in range(rounds):
+        for size in arms[r % len(arms):] + arms[:r % len(arms)]:
+            for k in (1, 2):
+                count = 384
+                ts = [threading.Thread(target=work, args=(size, j * count, (j + 1) * count)) for j in range(k)]
+                t0 = time.perf_counter()
+                for t in ts:
+                    t.start()
+                for t in ts:
+                    t.join()
+                res.setdefault((size, k), []).append(k * count / (time.perf_counter() - t0))
+    print(f"{store}: the per-sample work, {rounds} rounds (order rotated); images/s, and per round against getitem")
+    for k in (1, 2):
+        for size in arms:
+            name = "getitem (one by one)" if size == 0 else f"runs of {size}"
+            print(f"{k} thread(s), {name:<21} {_med(res[(size, k)])}  x{_ratio(res[(size, k)], res[(0, k)])}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("store")
-    ap.add_argument("probe", choices=("steps", "crc", "threads"))
+    ap.add_argument("probe", choices=("steps", "crc", "threads", "runs"))
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--counts", default="2,3,4")
+    ap.add_argument("--counts", help="thread counts (threads; default 2,3,4) or run sizes (runs; default 1,4,8,16)")
     args = ap.parse_args()
     if args.probe == "steps":
         steps(args.store, args.rounds)
     elif args.probe == "crc":
         crc(args.store, args.rounds)
+    elif args.probe == "threads":
+        threads(args.store, args.rounds, [int(c) for c in (args.counts or "2,3,4").split(",")])
     else:
-        threads(args.store, args.rounds, [int(c) for c in args.counts.split(",")])
+        runs(args.store, args.rounds, [int(c) for c in (args.counts or "1,4,8,16").split(",")])
 
 
 if __name__ == "__main__":

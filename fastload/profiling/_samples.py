@@ -178,6 +178,11 @@ def _wrap_getitem(cls: type) -> None:
         # LMDBImageDataset.__getitem__``: a wrap on a subclass would turn its fast path off)
         if not getattr(lmdb.getitem, "_fastload_profile", False):
             lmdb.getitem = _timed_sample(lmdb.getitem, None)
+        # the thread pipeline's planned samples: plan() then, after a few other samples' plans, render()
+        if not getattr(lmdb.plan, "_fastload_profile", False):
+            lmdb.plan = _timed_phase(lmdb.plan, last=False)
+        if not getattr(lmdb.render, "_fastload_profile", False):
+            lmdb.render = _timed_phase(lmdb.render, last=True)
         if cls.__getitem__ is lmdb.__getitem__:
             return
     original = cls.__getitem__
@@ -213,6 +218,49 @@ def _timed_sample(original, key: str | None):
                 st.parts["download"] = waited
                 st.parts["read"] = max(0.0, st.parts["read"] - waited)
             _STATS.add(key or _class_key(type(self)), wall, cpu, st.parts, st.transforms, rq)
+
+    timed._fastload_profile = True  # type: ignore[attr-defined]
+    timed.__wrapped__ = original  # type: ignore[attr-defined]
+    timed.__name__, timed.__doc__ = original.__name__, original.__doc__
+    return timed
+
+
+def _timed_phase(original, *, last: bool):
+    """``original`` (``LMDBImageDataset.plan`` or ``render``) timed as one phase of a sample: the plan's
+    wall and CPU time and parts are kept per thread until that sample's render, which adds its own and
+    counts the sample once, as ``getitem`` would be counted (a sample whose render never comes, redone by
+    ``getitem`` after a failure, is counted there, without its plan)."""
+
+    def timed(self, index, *args, **kwargs):
+        st = _state()
+        if st.depth:
+            return original(self, index, *args, **kwargs)
+        st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
+        cache = sys.modules.get("fastload.store.cache")
+        w0 = cache._STATS.wait_s if cache is not None else None
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return original(self, index, *args, **kwargs)
+        finally:
+            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            st.depth = 0
+            if w0 is not None:
+                waited = max(0.0, cache._STATS.wait_s - w0)
+                st.parts["download"] = waited
+                st.parts["read"] = max(0.0, st.parts["read"] - waited)
+            pending = getattr(st, "planned", None)
+            if pending is None or len(pending) > 4096:  # renders that never came (redone by getitem) are dropped
+                pending = st.planned = {}
+            key = (id(self), index)
+            if not last:
+                pending[key] = (wall, cpu, dict(st.parts), dict(st.transforms))
+            else:
+                w, c, parts, transforms = pending.pop(key, (0.0, 0.0, {}, {}))
+                for name, v in parts.items():
+                    st.parts[name] = st.parts.get(name, 0.0) + v
+                for name, v in transforms.items():
+                    st.transforms[name] = st.transforms.get(name, 0.0) + v
+                _STATS.add(_class_key(type(self)), wall + w, cpu + c, st.parts, st.transforms, None)
 
     timed._fastload_profile = True  # type: ignore[attr-defined]
     timed.__wrapped__ = original  # type: ignore[attr-defined]
