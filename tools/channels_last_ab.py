@@ -15,10 +15,11 @@ contiguous NCHW, one as ``torch.channels_last``. That is a GPU host's case: the 
 copied to the device, where either layout is converted for the model in microseconds; on the
 CPU the channels-last arm skips the resize kernel's planar scatter.
 
-``--compare plan`` (thread backend): per layout, the train preset as shipped, whose ``plan`` and
-``render`` let the pipeline read and draw a run of samples (``threads.PLAN_RUN``) before it
-decodes and resizes them, against the same preset without them (a subclass), each sample read,
-drawn, decoded and resized in turn. Same batches, checked first; ratios planned/one by one.
+``--compare plan`` (per backend and layout): the train preset as shipped, whose ``plan`` and
+``render`` let the thread pipeline's tasks and the worker processes' batches read and draw a run
+of samples (``dataset.PLAN_RUN``) before they decode and resize them, against the same preset
+without them (a subclass), each sample read, drawn, decoded and resized in turn. Same batches,
+checked first; ratios planned/one by one.
 
 ``--compare slot`` (thread backend): per layout, the train preset as shipped, which resizes an
 unflipped image straight into its slot of the batch buffer (``from_bytes(..., out=slot)``),
@@ -92,10 +93,10 @@ def main() -> None:
                           collate_fn=collate_uint8, generator=torch.Generator().manual_seed(0), drop_last=True,
                           persistent_workers=backend == "processes" and args.workers > 0)
 
-    backends = ["threads"] if args.compare != "layout" else args.backends.split(",")
+    backends = ["threads"] if args.compare == "slot" else args.backends.split(",")
     # pairs of arms: (backend, channels_last, shipped preset); the second of each pair is compared to the first
     if args.compare != "layout":
-        pairs = [(("threads", cl, False), ("threads", cl, True)) for cl in (False, True)]
+        pairs = [((b, cl, False), (b, cl, True)) for b in backends for cl in (False, True)]
     else:
         pairs = [((b, False, True), (b, True, True)) for b in backends]
     for arm_a, arm_b in pairs:  # the same values in both arms of a pair

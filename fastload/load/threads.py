@@ -108,9 +108,9 @@ from torch.utils.data._utils.collate import default_collate
 
 from fastload import exiting
 from fastload.load import reuse
-from fastload.load.dataset import LMDBImageDataset
+from fastload.load.dataset import PLAN_RUN, LMDBImageDataset, plans_samples
 from fastload.load.replay import mix_seed
-from fastload.load.transforms import (collate_uint8, is_preset, preset_channels_last, preset_plans, preset_size,
+from fastload.load.transforms import (collate_uint8, is_preset, preset_channels_last, preset_size,
                                       preset_writes_into)
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]
@@ -122,11 +122,6 @@ __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 # iterator, returns as soon as its read does (the pool is stopping), and does not keep the
 # process from exiting.
 JOIN_TIMEOUT_S = 5.0
-
-# samples one task plans back to back before it renders them (``_Job._plan``): on 800 real photos, two
-# threads of the per-sample work made 1.14-1.17x the images/s of planning and rendering each sample in turn
-# with runs of 4, 8 or 16, one thread 1.06-1.09x
-PLAN_RUN = 8
 
 
 def check_thread_backend(loader) -> None:
@@ -374,9 +369,7 @@ class _Job:
             self.into = preset_writes_into(self.dataset.transform) and _takes(self.dataset.getitem, "out")
         # plan a few samples, then render them (``_plan``): only where that is exactly what getitem does (a
         # seeded preset that plans, the dataset's own getitem and load, and into the slot as getitem would)
-        ds_type = type(self.dataset)
-        self.plans = (fast and self.seeded and self.into and preset_plans(transform)
-                      and ds_type.getitem is LMDBImageDataset.getitem and ds_type._load is LMDBImageDataset._load)
+        self.plans = fast and self.seeded and self.into and plans_samples(self.dataset)
 
     def _generator(self, index: int) -> torch.Generator | None:
         """Sample ``index``'s own generator, freshly seeded (None when the samples are not seeded)."""

@@ -193,6 +193,35 @@ def test_the_fast_path_plans_runs_of_samples_and_redoes_a_failed_one_with_getite
                for a, b, c, d in zip(reference, batches(ds), redone, processes))
 
 
+class _CountedRender(type(train_transform(32))):
+    """The train preset noting each render in a file (worker processes write it too)."""
+
+    def __init__(self, size, note) -> None:
+        super().__init__(size)
+        self.note = str(note)
+
+    def render(self, data, plan, *, out=None):
+        with open(self.note, "a") as f:
+            f.write("r")
+        return super().render(data, plan, out=out)
+
+
+def test_worker_processes_plan_their_batches_too_with_the_same_crops(tiny_store, tmp_path):
+    note = tmp_path / "renders"
+
+    def batches(transform, backend, workers):
+        ds = LMDBImageDataset(tiny_store, transform=transform)
+        return [x for x, _ in DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers, backend=backend,
+                                         generator=torch.Generator().manual_seed(6))]
+
+    planned = batches(_CountedRender(32, note), "processes", 2)
+    assert note.read_text().count("r") == N  # every sample of the epoch rendered from a plan
+    reference = batches(train_transform(32), "threads", 0)
+    _RenderFails.calls = 0
+    redone = batches(_RenderFails(32), "processes", 1)  # every other render fails: getitem redoes it
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(reference, planned, redone))
+
+
 @pytest.mark.parametrize("other", [0, 3])
 def test_same_seed_same_batches_whatever_the_thread_count(tiny_store, other):
     def run(threads):
