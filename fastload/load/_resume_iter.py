@@ -202,8 +202,9 @@ class _SeededGetItems:
 
     Under a preset that plans (``plans_samples``), a batch's samples are planned in runs and then
     rendered (``getitems_planned``), each from its own generator seeded as ``seeded_get`` seeds
-    torch's: the same crops, with the record reads and draws of a run back to back (1.06-1.09x the
-    images/s of one sample at a time in one thread, ``tools/thread_probes.py STORE runs``)."""
+    torch's: the same crops, with the record reads and draws of a run back to back (1.05x the
+    images/s of one sample at a time in one thread with runs of 8, ``tools/thread_probes.py STORE runs``;
+    1.05x in the loader, ``tools/channels_last_ab.py STORE --compare plan``)."""
 
     def __init__(self, dataset) -> None:
         self.dataset = dataset

@@ -203,8 +203,8 @@ class LMDBImageDataset(torch.utils.data.Dataset):
 
 # samples planned back to back before they are rendered (``LMDBImageDataset.plan``/``render``, by the thread
 # pipeline's tasks and by worker processes' batches): on 800 real photos, two threads of the per-sample work
-# made 1.14-1.17x the images/s of planning and rendering each sample in turn with runs of 4, 8 or 16, one
-# thread 1.06-1.09x (``tools/thread_probes.py STORE runs``)
+# made 1.12-1.14x the images/s of each sample planned and rendered in turn with runs of 4, 8 or 16 (runs of 1:
+# 0.99x), one thread 1.03-1.06x (``tools/thread_probes.py STORE runs``)
 PLAN_RUN = 8
 
 
