@@ -148,3 +148,32 @@ def put_undecodable(store: Path, index: int) -> bytes:
     edit_store(store, lambda t: t.put(fmt.sample_key(index), junk))
     rewrite_meta(store, lambda h, a, p: a["crc32"].__setitem__(index, zlib.crc32(junk)))
     return junk
+
+
+# the first lines of a script for ``exit_handler_seconds``: registered first, this exit handler runs last
+EXIT_TIMER = "import atexit, time\natexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+
+
+def exits_cleanly(script: Path, said: str, runs: int = 3) -> None:
+    """Run ``script`` ``runs`` times: each prints ``said`` and exits with status 0, without the abort of a
+    daemon thread ended inside C++ frames ("terminate called without an active exception", status 134)."""
+    import subprocess
+    import sys
+
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert said in proc.stdout, proc.stderr
+        assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr)
+
+
+def exit_handler_seconds(script: Path) -> tuple[str, float]:
+    """Run ``script`` (which starts with ``EXIT_TIMER`` and prints ``leaving <time.time()>`` as its last
+    line); its stdout and the seconds from ``leaving`` to the last exit handler. Asserts exit status 0."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    left = float(proc.stdout.split("leaving")[1].split()[0])
+    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
+    return proc.stdout, last_handler - left

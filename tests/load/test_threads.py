@@ -21,6 +21,7 @@ from fastload.load.state import mix_seed
 from fastload.load.threads import ThreadBatchIterator
 from fastload.load.transforms import eval_transform, train_transform
 from fastload.store import format as fmt
+from helpers import EXIT_TIMER, exit_handler_seconds
 
 N = 24  # tiny_store: 3 classes x 8
 
@@ -470,18 +471,21 @@ def test_timeout_with_a_stuck_read_raises_within_the_timeout_and_names_the_sampl
     assert wait_no_loader_threads() == []
 
 
+# a script's dataset whose sample 3 never returns (the script imports threading and torch)
+STUCK_SCRIPT_DATASET = ("class Stuck(torch.utils.data.Dataset):\n"
+                        "    def __len__(self): return 8\n"
+                        "    def __getitem__(self, i):\n"
+                        "        if i == 3: threading.Event().wait()  # never returns\n"
+                        "        return torch.tensor([i])\n")
+
+
 def test_a_process_whose_loader_thread_is_stuck_forever_still_exits(tmp_path):
     script = tmp_path / "stuck.py"
     script.write_text(
-        "import atexit, time\n"  # registered first, so it runs last of the exit handlers (after fastload's)
-        "atexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+        EXIT_TIMER +  # its exit handler runs last, after fastload's
         "import threading, torch\n"
         "from fastload.load.loader import DataLoader\n"
-        "class Stuck(torch.utils.data.Dataset):\n"
-        "    def __len__(self): return 8\n"
-        "    def __getitem__(self, i):\n"
-        "        if i == 3: threading.Event().wait()  # never returns\n"
-        "        return torch.tensor([i])\n"
+        + STUCK_SCRIPT_DATASET +
         "t = time.monotonic()\n"
         "try:\n"
         "    list(DataLoader(Stuck(), batch_size=2, num_workers=2, timeout=1, backend='threads'))\n"
@@ -489,15 +493,12 @@ def test_a_process_whose_loader_thread_is_stuck_forever_still_exits(tmp_path):
         "    print('raised', round(time.monotonic() - t, 1), str(exc).splitlines()[0], flush=True)\n"
         "    saved = exc  # kept, as a logger or sys.last_value would: the iterator stays alive until exit\n"
         "print('leaving', time.time(), flush=True)\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr  # it exited at all (the stuck read never returns)
-    assert "timed out after 1 seconds" in proc.stdout
-    raised_after = float(proc.stdout.split()[1])
-    left = float(proc.stdout.split("leaving")[1].split()[0])
-    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
-    assert raised_after < 2.5, proc.stdout
+    out, waited = exit_handler_seconds(script)  # it exited at all (the stuck read never returns)
+    assert "timed out after 1 seconds" in out
+    raised_after = float(out.split()[1])
+    assert raised_after < 2.5, out
     # the exit handlers (fastload's iterator finaliser among them) must not wait for the stuck thread
-    assert last_handler - left < 2.0, f"the exit handlers took {last_handler - left:.1f} s"
+    assert waited < 2.0, f"the exit handlers took {waited:.1f} s"
 
 
 def test_a_script_that_ends_with_an_iterator_mid_epoch_exits_cleanly(tmp_path):
@@ -533,28 +534,19 @@ def test_stuck_iterators_alive_at_exit_share_one_exit_budget(tmp_path):
     # each live iterator's finaliser waited JOIN_TIMEOUT_S for its stuck thread: 4 iterators, 4 times as long
     script = tmp_path / "stuck4.py"
     script.write_text(
-        "import atexit, time\n"  # registered first, so it runs last of the exit handlers (after fastload's)
-        "atexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+        EXIT_TIMER +  # its exit handler runs last, after fastload's
         "import threading, torch\n"
         "import fastload.exiting, fastload.load.threads\n"
         "from fastload.load.loader import DataLoader\n"
         "fastload.load.threads.JOIN_TIMEOUT_S = 1.5  # per pool\n"
         "fastload.exiting.EXIT_BUDGET_S = 1.0  # all of them\n"
-        "class Stuck(torch.utils.data.Dataset):\n"
-        "    def __len__(self): return 8\n"
-        "    def __getitem__(self, i):\n"
-        "        if i == 3: threading.Event().wait()  # never returns\n"
-        "        return torch.tensor([i])\n"
+        + STUCK_SCRIPT_DATASET +
         "its = [iter(DataLoader(Stuck(), batch_size=2, num_workers=2, backend='threads')) for _ in range(4)]\n"
         "time.sleep(0.5)  # every pool has a thread inside sample 3\n"
         "print('leaving', time.time(), flush=True)\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    left = float(proc.stdout.split("leaving")[1].split()[0])
-    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
+    out, waited = exit_handler_seconds(script)
     # one budget of 1 s for the four pools, not 4 x 1.5 s
-    assert last_handler - left < 3.0, f"the exit handlers took {last_handler - left:.1f} s"
-    assert last_handler - left > 0.8, f"the exit handlers did not wait for the stuck threads at all: {proc.stdout}"
+    assert 0.8 < waited < 3.0, f"the exit handlers took {waited:.1f} s: {out}"
 
 
 @pytest.mark.parametrize("backend, threads", [("threads", 2), ("threads", 0), ("processes", 2)])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -15,7 +13,7 @@ import torch
 from fastload.errors import CorruptSampleError, Overloaded
 from fastload.load.transforms import EvalTransform, eval_transform, normalize
 from fastload.serve import BatchPolicy, DynamicBatcher
-from helpers import jpeg_bomb, jpeg_bytes, photo, png_bytes
+from helpers import EXIT_TIMER, exit_handler_seconds, exits_cleanly, jpeg_bomb, jpeg_bytes, photo, png_bytes
 
 gpu = pytest.mark.gpu
 
@@ -181,18 +179,14 @@ def test_a_script_that_ends_without_stop_exits_cleanly(tmp_path):
         "futures = [b.submit(buf.getvalue()) for _ in range(200)]\n"
         "futures[0].result()\n"
         "print('left with work queued', flush=True)\n")
-    for _ in range(3):
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-        assert "left with work queued" in proc.stdout, proc.stderr
-        assert proc.returncode == 0 and "terminate called" not in proc.stderr, (proc.returncode, proc.stderr)
+    exits_cleanly(script, "left with work queued")
 
 
 def test_batchers_stuck_in_their_models_at_exit_share_one_exit_budget(tmp_path):
     # each batcher's exit handler waited EXIT_JOIN_S for its model thread: three batchers, three times as long
     script = tmp_path / "stuck.py"
     script.write_text(
-        "import atexit, time\n"  # registered first, so it runs last of the exit handlers (after fastload's)
-        "atexit.register(lambda: print('atexit', time.time(), flush=True))\n"
+        EXIT_TIMER +  # its exit handler runs last, after fastload's
         "import io, threading, torch\n"
         "from PIL import Image\n"
         "import fastload.exiting, fastload.serve.batcher\n"
@@ -213,12 +207,9 @@ def test_batchers_stuck_in_their_models_at_exit_share_one_exit_budget(tmp_path):
         "fs = [b.submit(buf.getvalue()) for b in bs]\n"
         "time.sleep(1.0)  # every batcher's model thread is inside its model\n"
         "print('leaving', time.time(), flush=True)\n")
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    left = float(proc.stdout.split("leaving")[1].split()[0])
-    last_handler = float(proc.stdout.split("atexit")[1].split()[0])
+    out, waited = exit_handler_seconds(script)
     # one budget of 1 s for the three, not 3 x 1.5 s
-    assert 0.8 < last_handler - left < 3.0, f"the exit handlers took {last_handler - left:.1f} s"
+    assert 0.8 < waited < 3.0, f"the exit handlers took {waited:.1f} s: {out}"
 
 
 def test_a_stopped_batcher_is_not_kept_alive_by_its_exit_handler():
@@ -269,8 +260,8 @@ def test_stop_from_two_threads_at_once_stops_once_without_error():
     assert all(f.done() for f in futures)
 
 
-def test_stop_during_the_warm_up_waits_for_it_and_leaves_the_batcher_stopped():
-    # stop() found no model thread yet and returned; the warm-up then finished and started the batcher
+def _warming_up() -> tuple[DynamicBatcher, FakeModel, threading.Thread]:
+    """A batcher whose start() runs in a thread, its warm-up batch held inside the model."""
     entered = threading.Event()
 
     class Held(FakeModel):
@@ -284,6 +275,12 @@ def test_stop_during_the_warm_up_waits_for_it_and_leaves_the_batcher_stopped():
     starter = threading.Thread(target=b.start)
     starter.start()
     assert entered.wait(10)  # the warm-up batch is in the model
+    return b, model, starter
+
+
+def test_stop_during_the_warm_up_waits_for_it_and_leaves_the_batcher_stopped():
+    # stop() found no model thread yet and returned; the warm-up then finished and started the batcher
+    b, model, starter = _warming_up()
     stopper = threading.Thread(target=b.stop, kwargs={"timeout": 10})
     stopper.start()
     time.sleep(0.2)
@@ -296,19 +293,7 @@ def test_stop_during_the_warm_up_waits_for_it_and_leaves_the_batcher_stopped():
 
 
 def test_a_stop_that_gives_up_waiting_for_the_warm_up_still_keeps_the_batcher_from_starting():
-    entered = threading.Event()
-
-    class Held(FakeModel):
-        def __call__(self, x):
-            entered.set()
-            return super().__call__(x)
-
-    model = Held()
-    model.gate.clear()
-    b = DynamicBatcher(model, preprocess=EvalTransform(32, 40), device="cpu")
-    starter = threading.Thread(target=b.start)
-    starter.start()
-    assert entered.wait(10)
+    b, model, starter = _warming_up()
     b.stop(timeout=0.2)  # the warm-up is still in the model: this stop gives up waiting for it
     model.gate.set()
     starter.join(10)
