@@ -10,8 +10,9 @@ its router (``serve/replicas.py``) stop their threads in exit handlers first, ea
 while (its own cap) for a thread still inside a long call. Each waiting its own time, a script
 that ended with several of them stuck would wait the sum; here they share one budget. The
 first exit handler that asks starts the clock; later ones get what is left, and with nothing
-left they stop their threads without waiting for them (a thread still stuck then is left to the
-interpreter, as before these handlers existed).
+left they stop their threads without waiting for them, or wait only the floor they ask for (the
+thread loader's pools: half a second, for a thread in the middle of an ordinary sample). A
+thread still stuck then is left to the interpreter, as before these handlers existed.
 
 Must not: import anything of fastload's, or be called outside exit handlers (the clock, once
 started, never restarts).
@@ -32,8 +33,9 @@ _lock = threading.Lock()
 _deadline: float | None = None
 
 
-def wait_left(cap: float) -> float:
-    """Seconds an exit handler may wait now: ``cap``, or less when the shared budget has less left.
+def wait_left(cap: float, floor: float = 0.0) -> float:
+    """Seconds an exit handler may wait now: ``cap``, or less when the shared budget has less left, but
+    never less than ``floor`` (what a thread finishing ordinary work needs; past the budget).
 
     The first call starts the budget (``EXIT_BUDGET_S`` from now); call it only while exiting.
     """
@@ -43,4 +45,4 @@ def wait_left(cap: float) -> float:
         if _deadline is None:
             _deadline = now + EXIT_BUDGET_S
         left = _deadline - now
-    return max(0.0, min(cap, left))
+    return max(floor, 0.0, min(cap, left))

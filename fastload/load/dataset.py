@@ -222,7 +222,7 @@ def getitems_planned(dataset: LMDBImageDataset, indices: list[int],
                      generators: list[torch.Generator]) -> list[tuple[Any, Any]]:
     """``[dataset.getitem(i, generator=g) for ...]``, made in runs of ``PLAN_RUN``: each run's samples planned
     back to back, then rendered. ``generators``: each sample's own, freshly seeded (a sample whose plan or
-    render fails is redone by ``getitem`` with a generator seeded again the same way: ``fresh``). For
+    render fails is redone by ``getitem`` with a new generator seeded as that one was). For
     ``plans_samples`` datasets only."""
     out: list[tuple[Any, Any]] = []
     for start in range(0, len(indices), PLAN_RUN):

@@ -19,7 +19,7 @@ Two paths, chosen per loader:
   in). A task is one sample, or, when the preset plans (``plan``/``render``, the train preset),
   a run of up to ``PLAN_RUN`` samples: their records are read and their crops drawn back to back
   (short steps that take the GIL), then each is decoded and resized (long steps without it), so
-  two threads overlap one's planning with the other's decoding (1.12-1.15x the images/s on real
+  two threads overlap one's planning with the other's decoding (1.12-1.19x the images/s on real
   photos, ``tools/channels_last_ab.py --compare plan``). A sample whose plan or render fails is
   redone by ``getitem``, which names it and applies ``on_error``, so the batches are the same.
   Buffers are reused, and reuse is safe by construction rather than by a contract the
@@ -78,7 +78,8 @@ read returns, and never keeps the process from exiting. At interpreter exit the 
 alive are stopped first (their threads end after their current sample): a daemon thread left
 inside a torch or decoder call while CPython finalises would abort the process. Their threads
 are waited for within one budget shared with fastload's other exit handlers
-(``exiting.wait_left``: ``JOIN_TIMEOUT_S`` at most for one pool, ``EXIT_BUDGET_S`` for all).
+(``exiting.wait_left``: ``JOIN_TIMEOUT_S`` at most for one pool, ``EXIT_BUDGET_S`` for all, but
+``EXIT_FLOOR_S`` at least, for a thread finishing an ordinary sample).
 
 torch's process-only arguments: ``persistent_workers`` and ``multiprocessing_context`` have
 nothing to act on (a pool starts per epoch, in microseconds); batches always come in
@@ -122,6 +123,9 @@ __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 # iterator, returns as soon as its read does (the pool is stopping), and does not keep the
 # process from exiting.
 JOIN_TIMEOUT_S = 5.0
+# at exit, what a pool's threads get even when other exit handlers used up the shared budget (``exiting``):
+# a thread in the middle of an ordinary sample ends within it, so it is not left inside a decoder call
+EXIT_FLOOR_S = 0.5
 
 
 def check_thread_backend(loader) -> None:
@@ -287,8 +291,8 @@ def _close_at_exit() -> None:
         if closer is not None and closer.detach() is not None:  # not closed yet: it is closed here
             it._pool.stop()
             pools.append(it._pool)
-    for pool in pools:
-        pool.join(exiting.wait_left(JOIN_TIMEOUT_S))
+    for pool in pools:  # a thread in the middle of an ordinary sample ends within the floor
+        pool.join(exiting.wait_left(JOIN_TIMEOUT_S, floor=EXIT_FLOOR_S))
 
 
 class _Buffers:
@@ -379,8 +383,14 @@ class _Job:
 
     def run(self, batch: _Batch, positions: list[int]) -> None:
         """One task: these samples of ``batch``, planned back to back first when the preset plans."""
-        planned = self._plan(batch, positions) if self.plans and len(positions) > 1 else {}
-        for pos in positions:
+        planned: dict[int, Any] = {}
+        if self.plans and len(positions) > 1:
+            try:
+                planned = self._plan(batch, positions)
+            except BaseException as exc:  # noqa: BLE001 - e.g. SystemExit from a read: the batch fails with it
+                if batch.error is None:
+                    batch.error = exc
+        for pos in positions:  # each sample is finished (finish_one) whatever happened above
             self._one(batch, pos, planned.get(pos))
 
     def _plan(self, batch: _Batch, positions: list[int]) -> dict[int, Any]:

@@ -103,8 +103,24 @@ def preset_writes_into(transform: object) -> bool:
 
 
 def preset_plans(transform: object) -> bool:
-    """Whether a preset splits ``from_bytes`` into ``plan`` and ``render`` (the ``Preset`` contract)."""
-    return callable(getattr(transform, "plan", None)) and callable(getattr(transform, "render", None))
+    """Whether a preset splits ``from_bytes`` into ``plan`` and ``render`` (the ``Preset`` contract).
+
+    Only where ``plan`` and ``render`` are defined by the class that defines ``from_bytes``, or by a
+    subclass of it: a subclass that overrides ``from_bytes`` alone (say, to change the pixels) must
+    have its ``from_bytes`` run, not its parent's split of it.
+    """
+    if not (is_preset(transform) and callable(getattr(transform, "plan", None))
+            and callable(getattr(transform, "render", None))):
+        return False
+    mro = type(transform).__mro__
+
+    def depth(name: str) -> int | None:  # where in the MRO the attribute is defined (None: on the instance)
+        if name in getattr(transform, "__dict__", {}):
+            return None
+        return next((k for k, cls in enumerate(mro) if name in cls.__dict__), None)
+
+    fb, plan, render = depth("from_bytes"), depth("plan"), depth("render")
+    return None not in (fb, plan, render) and plan <= fb and render <= fb
 
 
 def preset_channels_last(transform: object) -> bool:

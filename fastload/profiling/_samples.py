@@ -226,41 +226,51 @@ def _timed_sample(original, key: str | None):
 
 
 def _timed_phase(original, *, last: bool):
-    """``original`` (``LMDBImageDataset.plan`` or ``render``) timed as one phase of a sample: the plan's
-    wall and CPU time and parts are kept per thread until that sample's render, which adds its own and
-    counts the sample once, as ``getitem`` would be counted (a sample whose render never comes, redone by
-    ``getitem`` after a failure, is counted there, without its plan)."""
+    """``original`` (``LMDBImageDataset.plan`` or ``render``) timed as one phase of a sample: a plan's wall
+    and CPU time, parts and run-queue reading are kept per thread, under the planned object it returns,
+    until that object's render, which adds its own and counts the sample once, as ``getitem`` would be
+    counted. A phase that raises counts nothing: the sample is redone by ``getitem``, which counts it."""
 
-    def timed(self, index, *args, **kwargs):
+    def timed(self, *args, **kwargs):
         st = _state()
         if st.depth:
-            return original(self, index, *args, **kwargs)
+            return original(self, *args, **kwargs)
+        pending = getattr(st, "planned", None)
+        if pending is None or len(pending) > 4096:  # plans whose render never came (the loader stopped)
+            pending = st.planned = {}
+        before = pending.pop(id(args[1]), None) if last and len(args) > 1 else None
+        if not last:
+            st.count = getattr(st, "count", 0) + 1
+        sample_rq = (st.count % SCHED_EVERY == 0) if not last else (before is not None and before[4] is not None)
         st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
         cache = sys.modules.get("fastload.store.cache")
         w0 = cache._STATS.wait_s if cache is not None else None
+        q0 = _runqueue_s() if sample_rq else None
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            return original(self, index, *args, **kwargs)
-        finally:
-            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+            result = original(self, *args, **kwargs)
+        except BaseException:
             st.depth = 0
-            if w0 is not None:
-                waited = max(0.0, cache._STATS.wait_s - w0)
-                st.parts["download"] = waited
-                st.parts["read"] = max(0.0, st.parts["read"] - waited)
-            pending = getattr(st, "planned", None)
-            if pending is None or len(pending) > 4096:  # renders that never came (redone by getitem) are dropped
-                pending = st.planned = {}
-            key = (id(self), index)
-            if not last:
-                pending[key] = (wall, cpu, dict(st.parts), dict(st.transforms))
-            else:
-                w, c, parts, transforms = pending.pop(key, (0.0, 0.0, {}, {}))
-                for name, v in parts.items():
-                    st.parts[name] = st.parts.get(name, 0.0) + v
-                for name, v in transforms.items():
-                    st.transforms[name] = st.transforms.get(name, 0.0) + v
-                _STATS.add(_class_key(type(self)), wall + w, cpu + c, st.parts, st.transforms, None)
+            raise
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        q1 = _runqueue_s() if q0 is not None else None
+        rq = None if q0 is None or q1 is None else q1 - q0
+        st.depth = 0
+        if w0 is not None:  # the wait happened inside the store read: it is download, not read
+            waited = max(0.0, cache._STATS.wait_s - w0)
+            st.parts["download"] = waited
+            st.parts["read"] = max(0.0, st.parts["read"] - waited)
+        if not last:
+            pending[id(result)] = (wall, cpu, dict(st.parts), dict(st.transforms), rq)
+            return result
+        w, c, parts, transforms, rq_plan = before if before is not None else (0.0, 0.0, {}, {}, None)
+        for name, v in parts.items():
+            st.parts[name] = st.parts.get(name, 0.0) + v
+        for name, v in transforms.items():
+            st.transforms[name] = st.transforms.get(name, 0.0) + v
+        runqueue = None if rq is None or rq_plan is None else (rq + rq_plan, wall + w)
+        _STATS.add(_class_key(type(self)), wall + w, cpu + c, st.parts, st.transforms, runqueue)
+        return result
 
     timed._fastload_profile = True  # type: ignore[attr-defined]
     timed.__wrapped__ = original  # type: ignore[attr-defined]

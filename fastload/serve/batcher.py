@@ -229,22 +229,24 @@ class DynamicBatcher:
 
         Safe to call more than once and from several threads at once: a second call waits for
         the first (or for a ``start()`` still warming up, which then does not start) and then
-        stops what is left. ``timeout`` bounds each wait (for that call, for the accepted work to
-        drain, for the model thread): past the first, the call logs and returns, leaving the stop
-        to the call in progress.
+        stops what is left. ``timeout`` bounds the whole call (the wait for that call, for the
+        accepted work to drain, for the model thread): when the first runs out, the call logs and
+        returns, leaving the stop to the call in progress.
         """
         with self._cond:
             self._stops += 1
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         if not self._life.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             log.warning("DynamicBatcher %s: another start() or stop() still runs after %ss; leaving the stop to it",
                         self.name, timeout)
             return
         try:
-            self._stop(drain, timeout)
+            self._stop(drain, deadline)
         finally:
             self._life.release()
 
-    def _stop(self, drain: bool, timeout: float | None) -> None:
+    def _stop(self, drain: bool, deadline: float | None) -> None:
+        """``stop()`` holding the lifecycle lock; every wait ends by ``deadline`` (monotonic; None: none)."""
         with self._cond:
             self._accepting = False
             self.ready.clear()
@@ -256,7 +258,6 @@ class DynamicBatcher:
                     req.future.cancel()
                 self._inflight.clear()
         if drain:
-            deadline = None if timeout is None else time.monotonic() + timeout
             with self._cond:
                 while self._waiting and (deadline is None or time.monotonic() < deadline):
                     self._cond.wait(0.05)
@@ -264,7 +265,7 @@ class DynamicBatcher:
             self._stopping = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
             self._stuck = self._thread if self._thread.is_alive() else None
             self._thread = None
             atexit.unregister(self._stop_at_exit)

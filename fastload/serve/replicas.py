@@ -93,6 +93,7 @@ class Router:
         # threads with pthread_exit while it finalises, and one returning from a torch call then unwinds through
         # C++ frames and aborts the process (exit status 134, 4 of 4 runs of a replica re-probed at exit). At
         # exit the router stops first: no new probe starts, the ones running finish (EXIT_JOIN_S in all)
+        atexit.unregister(self._stop_at_exit)  # a stop() that left a probe running kept it registered: once
         atexit.register(self._stop_at_exit)
         with self._lock:  # started under the lock: a stop() joins only threads that run
             self._stopping.clear()  # a stopped router can be started again

@@ -207,6 +207,28 @@ class _CountedRender(type(train_transform(32))):
         return super().render(data, plan, out=out)
 
 
+class _Inverted(type(train_transform(32))):
+    """A subclass that changes the pixels in from_bytes alone: its from_bytes must run, not the split."""
+
+    def from_bytes(self, data, generator=None, *, out=None):
+        image = super().from_bytes(data, generator)
+        return 255 - image
+
+
+@pytest.mark.parametrize("backend, workers", [("threads", 2), ("processes", 1)])
+def test_a_preset_subclass_that_overrides_from_bytes_alone_is_not_planned(tiny_store, backend, workers):
+    from fastload.load.transforms import preset_plans
+
+    assert preset_plans(train_transform(32)) and not preset_plans(_Inverted(32))
+    ds = LMDBImageDataset(tiny_store, transform=_Inverted(32))
+    got = [x for x, _ in DataLoader(ds, batch_size=8, shuffle=True, num_workers=workers, backend=backend,
+                                    generator=torch.Generator().manual_seed(6))]
+    plain = LMDBImageDataset(tiny_store, transform=train_transform(32))
+    ref = [x for x, _ in DataLoader(plain, batch_size=8, shuffle=True, num_workers=0, backend="threads",
+                                    generator=torch.Generator().manual_seed(6))]
+    assert all(torch.equal(a, 255 - b) for a, b in zip(got, ref))
+
+
 def test_worker_processes_plan_their_batches_too_with_the_same_crops(tiny_store, tmp_path):
     note = tmp_path / "renders"
 
