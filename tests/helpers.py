@@ -177,3 +177,22 @@ def exit_handler_seconds(script: Path) -> tuple[str, float]:
     left = float(proc.stdout.split("leaving")[1].split()[0])
     last_handler = float(proc.stdout.split("atexit")[1].split()[0])
     return proc.stdout, last_handler - left
+
+
+def _train_transform_class():
+    from fastload.load.transforms import TrainTransform
+
+    return TrainTransform
+
+
+class RenderFails(_train_transform_class()):
+    """The train preset whose render fails on every other call in a process: the thread pipeline and the
+    worker processes must redo those samples with getitem (same pixels, the sample named on errors)."""
+
+    calls = 0
+
+    def render(self, data, plan, *, out=None):
+        type(self).calls += 1
+        if type(self).calls % 2:
+            raise RuntimeError("render failed (injected)")
+        return super().render(data, plan, out=out)

@@ -21,7 +21,7 @@ from fastload.load.state import mix_seed
 from fastload.load.threads import ThreadBatchIterator
 from fastload.load.transforms import eval_transform, train_transform
 from fastload.store import format as fmt
-from helpers import EXIT_TIMER, exit_handler_seconds
+from helpers import EXIT_TIMER, RenderFails, exit_handler_seconds
 
 N = 24  # tiny_store: 3 classes x 8
 
@@ -161,18 +161,6 @@ def test_the_fast_path_lets_the_preset_write_into_the_batch_and_copies_otherwise
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(spied, copied, reference))
 
 
-class _RenderFails(type(train_transform(32))):
-    """The train preset whose render fails for every other call: those samples must be redone by getitem."""
-
-    calls = 0
-
-    def render(self, data, plan, *, out=None):
-        type(self).calls += 1
-        if type(self).calls % 2:
-            raise RuntimeError("render failed (injected)")
-        return super().render(data, plan, out=out)
-
-
 def test_the_fast_path_plans_runs_of_samples_and_redoes_a_failed_one_with_getitem(tiny_store):
     def batches(ds, threads=2):
         return [x.clone() for x, _ in DataLoader(ds, batch_size=8, shuffle=True, num_workers=threads,
@@ -187,9 +175,9 @@ def test_the_fast_path_plans_runs_of_samples_and_redoes_a_failed_one_with_getite
     reference = batches(ds, threads=0)
     processes = [x for x, _ in DataLoader(ds, batch_size=8, shuffle=True, num_workers=1, backend="processes",
                                           generator=torch.Generator().manual_seed(4))]
-    _RenderFails.calls = 0
-    redone = batches(LMDBImageDataset(tiny_store, transform=_RenderFails(32)))
-    assert _RenderFails.calls >= N // 2
+    RenderFails.calls = 0
+    redone = batches(LMDBImageDataset(tiny_store, transform=RenderFails(32)))
+    assert RenderFails.calls >= N // 2
     assert all(torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
                for a, b, c, d in zip(reference, batches(ds), redone, processes))
 
@@ -240,8 +228,8 @@ def test_worker_processes_plan_their_batches_too_with_the_same_crops(tiny_store,
     planned = batches(_CountedRender(32, note), "processes", 2)
     assert note.read_text().count("r") == N  # every sample of the epoch rendered from a plan
     reference = batches(train_transform(32), "threads", 0)
-    _RenderFails.calls = 0
-    redone = batches(_RenderFails(32), "processes", 1)  # every other render fails: getitem redoes it
+    RenderFails.calls = 0
+    redone = batches(RenderFails(32), "processes", 1)  # every other render fails: getitem redoes it
     assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(reference, planned, redone))
 
 

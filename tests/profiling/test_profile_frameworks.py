@@ -19,6 +19,7 @@ from fastload import DataLoader, LMDBImageDataset, collate_uint8, train_transfor
 from fastload.image.fast import decode_rgb_fast
 from fastload.marks import marked, timed
 from fastload.profiling._snippet import loader_snippet
+from helpers import RenderFails
 
 
 def _line_of(fn, text: str) -> int:
@@ -108,26 +109,14 @@ def test_lmdb_dataset_samples_are_split_into_read_decode_transform(tiny_store, t
     assert "store" not in " ".join(r["change"] for r in s["recommendations"])  # it reads from a store already
 
 
-class _RenderFailsOnce(type(train_transform(16))):
-    """The train preset whose render fails on every other call: getitem redoes those samples."""
-
-    calls = 0
-
-    def render(self, data, plan, *, out=None):
-        type(self).calls += 1
-        if type(self).calls % 2:
-            raise RuntimeError("render failed (injected)")
-        return super().render(data, plan, out=out)
-
-
 def test_a_planned_sample_redone_by_getitem_is_counted_once(tiny_store, tmp_path):
-    ds = LMDBImageDataset(tiny_store, transform=_RenderFailsOnce(16))
+    ds = LMDBImageDataset(tiny_store, transform=RenderFails(16))
     loader = DataLoader(ds, batch_size=8, num_workers=2, backend="threads", collate_fn=collate_uint8)
     with fastload.profile(out=tmp_path / "p", warmup=0) as p:
         for _ in loader:
             pass
     samples = p.summary()["samples"]
-    assert _RenderFailsOnce.calls > 0
+    assert RenderFails.calls > 0
     assert 0 < samples["n"] <= len(ds), samples["n"]  # 24 samples loaded: a failed render is not one more
 
 
