@@ -27,7 +27,8 @@ from fastload.load.skips import check_on_error, record_skip
 from fastload.load.transforms import is_preset, preset_plans
 from fastload.store.readers import Reader, ReaderOptions, open_store_reader
 
-__all__ = ["LMDBImageDataset", "reads_by_shard", "plans_samples", "getitems_planned", "PLAN_RUN"]
+__all__ = ["LMDBImageDataset", "reads_by_shard", "plans_samples", "getitems_planned", "try_plan", "item_from_plan",
+           "PLAN_RUN"]
 
 
 class _Samples(Sequence):
@@ -218,6 +219,30 @@ def plans_samples(dataset: object) -> bool:
             and t.getitem is LMDBImageDataset.getitem and t._load is LMDBImageDataset._load)
 
 
+def try_plan(dataset: LMDBImageDataset, index: int, generator: torch.Generator | None) -> tuple[bytes, Any] | None:
+    """``dataset.plan(index, generator)``, or None when it raises (``item_from_plan`` then redoes the sample
+    with ``getitem``, which names it and applies ``on_error``)."""
+    try:
+        return dataset.plan(index, generator)
+    except Exception:  # noqa: BLE001 - redone, and reported, by getitem
+        return None
+
+
+def item_from_plan(dataset: LMDBImageDataset, index: int, planned: tuple[bytes, Any] | None,
+                   redo_generator: Callable[[], torch.Generator | None], *,
+                   out: torch.Tensor | None = None) -> tuple[Any, Any]:
+    """``(image, label)``: ``dataset.render`` of ``planned``; with no plan, or when render raises,
+    ``dataset.getitem(index, generator=redo_generator(), out=out)`` (``out`` passed only when given: a
+    subclass's getitem may not take it), which names a bad sample and applies ``on_error``."""
+    if planned is not None:
+        try:
+            return dataset.render(index, planned, out=out)
+        except Exception:  # noqa: BLE001 - redone below by getitem
+            pass
+    gen = redo_generator()
+    return dataset.getitem(index, generator=gen) if out is None else dataset.getitem(index, generator=gen, out=out)
+
+
 def getitems_planned(dataset: LMDBImageDataset, indices: list[int],
                      generators: list[torch.Generator]) -> list[tuple[Any, Any]]:
     """``[dataset.getitem(i, generator=g) for ...]``, made in runs of ``PLAN_RUN``: each run's samples planned
@@ -226,24 +251,11 @@ def getitems_planned(dataset: LMDBImageDataset, indices: list[int],
     ``plans_samples`` datasets only."""
     out: list[tuple[Any, Any]] = []
     for start in range(0, len(indices), PLAN_RUN):
-        run = list(range(start, min(start + PLAN_RUN, len(indices))))
-        planned: dict[int, Any] = {}
-        for k in run:
-            try:
-                planned[k] = dataset.plan(indices[k], generators[k])
-            except Exception:  # noqa: BLE001 - redone, and reported, by getitem below
-                pass
-        for k in run:
-            item = None
-            if k in planned:
-                try:
-                    item = dataset.render(indices[k], planned[k])
-                except Exception:  # noqa: BLE001 - redone by getitem, which names the sample and applies on_error
-                    item = None
-            if item is None:
-                g = generators[k]
-                item = dataset.getitem(indices[k], generator=torch.Generator().manual_seed(g.initial_seed()))
-            out.append(item)
+        run = range(start, min(start + PLAN_RUN, len(indices)))
+        planned = [try_plan(dataset, indices[k], generators[k]) for k in run]
+        for k, p in zip(run, planned):
+            seed = generators[k].initial_seed()
+            out.append(item_from_plan(dataset, indices[k], p, lambda seed=seed: torch.Generator().manual_seed(seed)))
     return out
 
 

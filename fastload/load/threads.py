@@ -109,7 +109,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from fastload import exiting
 from fastload.load import reuse
-from fastload.load.dataset import PLAN_RUN, LMDBImageDataset, plans_samples
+from fastload.load.dataset import PLAN_RUN, LMDBImageDataset, item_from_plan, plans_samples, try_plan
 from fastload.load.replay import mix_seed
 from fastload.load.transforms import (collate_uint8, is_preset, preset_channels_last, preset_size,
                                       preset_writes_into)
@@ -405,9 +405,7 @@ class _Job:
                 break
             batch.running[pos] = True  # a read that hangs is named on a timeout
             try:
-                planned[pos] = self.dataset.plan(batch.indices[pos], self._generator(batch.indices[pos]))
-            except Exception:  # noqa: BLE001 - redone, and reported, by getitem
-                pass
+                planned[pos] = try_plan(self.dataset, batch.indices[pos], self._generator(batch.indices[pos]))
             finally:
                 batch.running[pos] = False
         return planned
@@ -433,18 +431,9 @@ class _Job:
 
     def _fast(self, batch: _Batch, pos: int, index: int, planned: Any = None) -> None:
         slot = batch.images[pos]
-        image = None
-        if planned is not None:
-            try:
-                image, label = self.dataset.render(index, planned, out=slot)
-            except Exception:  # noqa: BLE001 - redone below by getitem, which names the sample and applies on_error
-                image = None
-        if image is None:
-            gen = self._generator(index)
-            if self.into:  # the preset may write the image into its slot (then there is nothing to copy)
-                image, label = self.dataset.getitem(index, generator=gen, out=slot)
-            else:
-                image, label = self.dataset.getitem(index, generator=gen)
+        # the preset may write the image into its slot (``into``: then there is nothing to copy)
+        image, label = item_from_plan(self.dataset, index, planned, lambda: self._generator(index),
+                                      out=slot if self.into else None)
         if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or tuple(image.shape) != self.shape:
             got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
             raise TypeError(f"{self.dataset.root}: sample {index}: the transform gave {got}, expected a uint8 "
