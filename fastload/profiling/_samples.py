@@ -191,6 +191,37 @@ def _wrap_getitem(cls: type) -> None:
     cls.__getitem__ = _timed_sample(original, _class_key(cls))
 
 
+class _Measured:
+    """One timed call inside a sample, on this thread's state ``st``: fresh parts, wall and CPU time, the
+    run queue when ``runqueue`` (``rq``: seconds runnable but waiting, or None), and time blocked on a shard
+    download moved from the read part to its own."""
+
+    def __init__(self, st: Any, runqueue: bool) -> None:
+        self.st, self.runqueue, self.rq = st, runqueue, None
+
+    def __enter__(self) -> _Measured:
+        st = self.st
+        st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
+        self.cache = sys.modules.get("fastload.store.cache")  # time blocked on a shard download is its own part
+        self.w0 = self.cache._STATS.wait_s if self.cache is not None else None
+        self.q0 = _runqueue_s() if self.runqueue else None
+        self.t0, self.c0 = time.perf_counter(), time.thread_time()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.wall, self.cpu = time.perf_counter() - self.t0, time.thread_time() - self.c0
+        if self.q0 is not None:
+            q1 = _runqueue_s()
+            self.rq = None if q1 is None else q1 - self.q0
+        st = self.st
+        st.depth = 0
+        if self.w0 is not None:  # the wait happened inside the store read: it is download, not read
+            waited = max(0.0, self.cache._STATS.wait_s - self.w0)
+            st.parts["download"] = waited
+            st.parts["read"] = max(0.0, st.parts["read"] - waited)
+        return False
+
+
 def _timed_sample(original, key: str | None):
     """``original`` (``__getitem__``-like) timed as one sample of ``key`` (None: the instance's class)."""
 
@@ -198,31 +229,16 @@ def _timed_sample(original, key: str | None):
         st = _state()
         if st.depth:
             return original(self, index, *args, **kwargs)
-        st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
-        cache = sys.modules.get("fastload.store.cache")  # time blocked on a shard download is its own part
-        w0 = cache._STATS.wait_s if cache is not None else None
         st.count = getattr(st, "count", 0) + 1
-        q0 = _runqueue_s() if st.count % SCHED_EVERY == 0 else None
-        t0, c0 = time.perf_counter(), time.thread_time()
+        m = _Measured(st, st.count % SCHED_EVERY == 0)
         try:
-            return original(self, index, *args, **kwargs)
+            with m:
+                return original(self, index, *args, **kwargs)
         finally:
-            wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-            rq = None
-            if q0 is not None:
-                q1 = _runqueue_s()
-                rq = None if q1 is None else (q1 - q0, wall)
-            st.depth = 0
-            if w0 is not None:  # the wait happened inside the store read: it is download, not read
-                waited = max(0.0, cache._STATS.wait_s - w0)
-                st.parts["download"] = waited
-                st.parts["read"] = max(0.0, st.parts["read"] - waited)
-            _STATS.add(key or _class_key(type(self)), wall, cpu, st.parts, st.transforms, rq)
+            rq = None if m.rq is None else (m.rq, m.wall)
+            _STATS.add(key or _class_key(type(self)), m.wall, m.cpu, st.parts, st.transforms, rq)
 
-    timed._fastload_profile = True  # type: ignore[attr-defined]
-    timed.__wrapped__ = original  # type: ignore[attr-defined]
-    timed.__name__, timed.__doc__ = original.__name__, original.__doc__
-    return timed
+    return _marked(timed, original)
 
 
 def _timed_phase(original, *, last: bool):
@@ -242,40 +258,21 @@ def _timed_phase(original, *, last: bool):
         if not last:
             st.count = getattr(st, "count", 0) + 1
         sample_rq = (st.count % SCHED_EVERY == 0) if not last else (before is not None and before[4] is not None)
-        st.depth, st.parts, st.transforms = 1, {"read": 0.0, "decode": 0.0, "transform": 0.0}, {}
-        cache = sys.modules.get("fastload.store.cache")
-        w0 = cache._STATS.wait_s if cache is not None else None
-        q0 = _runqueue_s() if sample_rq else None
-        t0, c0 = time.perf_counter(), time.thread_time()
-        try:
+        with _Measured(st, sample_rq) as m:
             result = original(self, *args, **kwargs)
-        except BaseException:
-            st.depth = 0
-            raise
-        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
-        q1 = _runqueue_s() if q0 is not None else None
-        rq = None if q0 is None or q1 is None else q1 - q0
-        st.depth = 0
-        if w0 is not None:  # the wait happened inside the store read: it is download, not read
-            waited = max(0.0, cache._STATS.wait_s - w0)
-            st.parts["download"] = waited
-            st.parts["read"] = max(0.0, st.parts["read"] - waited)
         if not last:
-            pending[id(result)] = (wall, cpu, dict(st.parts), dict(st.transforms), rq)
+            pending[id(result)] = (m.wall, m.cpu, dict(st.parts), dict(st.transforms), m.rq)
             return result
         w, c, parts, transforms, rq_plan = before if before is not None else (0.0, 0.0, {}, {}, None)
         for name, v in parts.items():
             st.parts[name] = st.parts.get(name, 0.0) + v
         for name, v in transforms.items():
             st.transforms[name] = st.transforms.get(name, 0.0) + v
-        runqueue = None if rq is None or rq_plan is None else (rq + rq_plan, wall + w)
-        _STATS.add(_class_key(type(self)), wall + w, cpu + c, st.parts, st.transforms, runqueue)
+        runqueue = None if m.rq is None or rq_plan is None else (m.rq + rq_plan, m.wall + w)
+        _STATS.add(_class_key(type(self)), m.wall + w, m.cpu + c, st.parts, st.transforms, runqueue)
         return result
 
-    timed._fastload_profile = True  # type: ignore[attr-defined]
-    timed.__wrapped__ = original  # type: ignore[attr-defined]
-    timed.__name__, timed.__doc__ = original.__name__, original.__doc__
-    return timed
+    return _marked(timed, original)
 
 
 def _marked(inner, fn):
