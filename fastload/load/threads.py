@@ -94,7 +94,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import inspect
 import queue
 import threading
 import time
@@ -111,8 +110,8 @@ from fastload import exiting
 from fastload.load import reuse
 from fastload.load.dataset import PLAN_RUN, LMDBImageDataset, item_from_plan, plans_samples, try_plan
 from fastload.load.replay import mix_seed
-from fastload.load.transforms import (collate_uint8, is_preset, preset_channels_last, preset_size,
-                                      preset_writes_into)
+from fastload.load.transforms import (accepts_keyword, collate_uint8, is_preset, preset_channels_last,
+                                      preset_size, preset_writes_into)
 
 __all__ = ["ThreadBatchIterator", "check_thread_backend"]
 
@@ -156,13 +155,6 @@ def _fast_path(loader) -> bool:
     transform = getattr(ds, "transform", None)
     return (_own_getitem(ds) and preset_size(transform) is not None and ds.target_transform is None
             and loader._auto_collation and loader.collate_fn in (default_collate, collate_uint8))
-
-
-def _takes(fn: Callable, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _one_intraop_thread() -> None:
@@ -363,14 +355,14 @@ class _Job:
         transform = getattr(self.dataset, "transform", None)
         # the generic path seeds too when the dataset can take a generator (what the processes
         # backend does with torch's RNG, which threads share and so cannot seed per sample)
-        self.seeded = (sample_seed is not None and is_preset(transform) and _takes(transform.from_bytes, "generator")
+        self.seeded = (sample_seed is not None and is_preset(transform) and accepts_keyword(transform.from_bytes, "generator")
                        and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
             self.memory_format = (torch.channels_last if preset_channels_last(self.dataset.transform)
                                   and self.collate_fn is collate_uint8 else torch.contiguous_format)
             # a subclass's own getitem may not take out=
-            self.into = preset_writes_into(self.dataset.transform) and _takes(self.dataset.getitem, "out")
+            self.into = preset_writes_into(self.dataset.transform) and accepts_keyword(self.dataset.getitem, "out")
         # plan a few samples, then render them (``_plan``): only where that is exactly what getitem does (a
         # seeded preset that plans, the dataset's own getitem and load, and into the slot as getitem would)
         self.plans = fast and self.seeded and self.into and plans_samples(self.dataset)

@@ -49,7 +49,7 @@ from fastload.marks import timed
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
     "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params", "preset_channels_last",
-    "preset_writes_into", "preset_plans",
+    "preset_writes_into", "preset_plans", "accepts_keyword",
 ]
 
 @runtime_checkable
@@ -91,15 +91,17 @@ def preset_size(transform: object) -> int | None:
     return size if is_preset(transform) and isinstance(size, int) else None
 
 
-def preset_writes_into(transform: object) -> bool:
-    """Whether a preset's ``from_bytes`` takes ``out=`` (may write its image into a given tensor)."""
-    fn = getattr(transform, "from_bytes", None)
-    if not callable(fn):
-        return False
+def accepts_keyword(fn: object, name: str) -> bool:
+    """Whether callable ``fn`` has a parameter ``name`` (False when its signature cannot be read)."""
     try:
-        return "out" in inspect.signature(fn).parameters
+        return callable(fn) and name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
+
+
+def preset_writes_into(transform: object) -> bool:
+    """Whether a preset's ``from_bytes`` takes ``out=`` (may write its image into a given tensor)."""
+    return accepts_keyword(getattr(transform, "from_bytes", None), "out")
 
 
 def preset_plans(transform: object) -> bool:
