@@ -7,13 +7,25 @@ On CUDA the next batch is copied on a side stream with ``non_blocking=True`` (fr
 memory, so the copy is truly asynchronous), converted and normalised on that stream; the
 compute stream waits for it only when the batch is handed out, and ``record_stream``
 tells the caching allocator that the compute stream uses the memory, so it is not reused
-while the step still reads it. On CPU it is a pass-through that still normalises, so the
-batch contract is the same everywhere: ``(images float NCHW normalised, labels int64)``
-on the requested device. On CPU the normalised images are written into one of two reused
-float32 buffers when nothing holds that buffer's last batch any more (a batch kept by the step,
-any view or array of it, or its storage object keeps its buffer out of use), else into a
-fresh one: a fresh 38 MB for every batch of 64 at 224 px cost more in page faults than the
-normalisation itself (``OutputBuffers``).
+while the step still reads it. On CPU the next batch is normalised on a helper thread while
+the caller's step runs (numpy's cast-multiply and add release the GIL, so it runs beside a
+step that holds it): normalising in the calling thread put 5-8 ms per batch of 64 on the
+step's critical path, where a GPU would have done it asynchronously (docs/loader.md, "The CPU
+normalisation off the step's critical path"). Either way the batch contract is the same
+everywhere: ``(images float NCHW normalised, labels int64)`` on the requested device.
+
+Both devices take the loader's next batch in the calling thread (so a profiler timing the
+loader's ``next()`` sees the waits the step sees) and hold one prepared batch ahead; a
+loader error is raised after the batches before it are handed out. ``ahead=False``: each
+batch prepared when asked for, in the calling thread, nothing held ahead (a ``state_dict`` of
+the loader then counts exactly the batches handed out).
+
+On CPU the normalised images are written into one of a few reused float32 buffers (two, three
+with a batch prepared ahead: the one the step holds, the one ready, the one being written) when
+nothing holds that buffer's last batch any more (a batch kept by the step, any view or array of
+it, or its storage object keeps its buffer out of use), else into a fresh one: a fresh 38 MB
+for every batch of 64 at 224 px cost more in page faults than the normalisation itself
+(``OutputBuffers``).
 
 ``uint8`` images are normalised with ``mean``/``std``. Float images are taken as already
 normalised (a torchvision ``ToTensor() + Normalize()`` pipeline) and only moved and cast.
@@ -113,6 +125,10 @@ class DevicePrefetcher:
         mean, std: per-channel normalisation, on the 0..1 scale.
         dtype: floating dtype of the images handed out (``torch.bfloat16`` for AMP).
         channels_last: hand out images in ``torch.channels_last`` memory format.
+        ahead: prepare the next batch while the caller uses this one (CUDA: copied and normalised on
+            a side stream; CPU: normalised on a helper thread), so one batch is taken from the loader
+            ahead. False: each batch is prepared when asked for, in the calling thread, and none is
+            held ahead (what a resumable loop that saves the loader's state between steps wants).
 
     On the CPU a float32 batch is written into a buffer reused from an earlier batch once nothing
     holds that batch any more (a tensor, view, array or storage object of it), so keeping a batch
@@ -121,7 +137,7 @@ class DevicePrefetcher:
 
     def __init__(self, loader: Iterable, device: str | torch.device | None = None, *,
                  mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD,
-                 dtype: torch.dtype = torch.float32, channels_last: bool = False) -> None:
+                 dtype: torch.dtype = torch.float32, channels_last: bool = False, ahead: bool = True) -> None:
         if not dtype.is_floating_point:
             raise ValueError(f"dtype must be a floating type, got {dtype}")
         if len(mean) != len(std):
@@ -131,8 +147,9 @@ class DevicePrefetcher:
 
         self.device = resolve_device(device, what="DevicePrefetcher's device")
         self.mean, self.std = tuple(mean), tuple(std)
-        self.dtype, self.channels_last = dtype, channels_last
-        self._buffers = OutputBuffers() if self.device.type == "cpu" else None
+        self.dtype, self.channels_last, self.ahead = dtype, channels_last, bool(ahead)
+        # ahead: the batch the step holds, the one ready, the one being written
+        self._buffers = OutputBuffers(keep=3 if self.ahead else 2) if self.device.type == "cpu" else None
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -142,11 +159,45 @@ class DevicePrefetcher:
                              channels_last=self.channels_last, non_blocking=non_blocking, buffers=self._buffers)
 
     def __iter__(self) -> Iterator:
-        if self.device.type != "cuda":
+        if not self.ahead:
             for batch in self.loader:
                 yield self._prepare(batch, non_blocking=False)
+        elif self.device.type == "cuda":
+            yield from self._iter_cuda()
+        else:
+            yield from self._iter_host()
+
+    def _iter_host(self) -> Iterator:
+        """CPU: batch i+1 is taken from the loader here, then normalised on a helper thread while the
+        caller's step runs on batch i. The helper only normalises (it never waits for the loader), so
+        closing the iterator, or the interpreter's exit, waits at most for one batch's normalisation."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        it = iter(self.loader)
+        try:
+            batch = next(it)
+        except StopIteration:
             return
-        yield from self._iter_cuda()
+        helper = ThreadPoolExecutor(1, thread_name_prefix="fastload-prefetch")
+        try:
+            pending = helper.submit(self._prepare, batch, False)
+            while pending is not None:
+                failed = None
+                try:  # while the helper normalises the batch about to be handed out
+                    batch = next(it)
+                except StopIteration:
+                    batch = None
+                except Exception as exc:  # the loader's: raised once the batch before it is handed out
+                    batch, failed = None, exc
+                ready = pending.result()
+                pending = None if batch is None else helper.submit(self._prepare, batch, False)
+                batch = None  # the raw batch is the helper's now: drop this frame's reference
+                yield ready
+                del ready
+                if failed is not None:
+                    raise failed
+        finally:
+            helper.shutdown(wait=True, cancel_futures=True)
 
     def _iter_cuda(self) -> Iterator:
         stream = torch.cuda.Stream(self.device)

@@ -129,14 +129,17 @@ class RecipeRun:
 
 @dataclass(frozen=True, kw_only=True)
 class RecipeStage:
-    """``[[stage]]``: a loader configuration. ``workers``: ``"auto"`` or an int."""
+    """``[[stage]]``: a loader configuration. ``workers``: ``"auto"`` or an int. ``prefetch_ahead``:
+    ``DevicePrefetcher``'s ``ahead`` (false: each batch converted when the step asks for it, in the
+    training thread; the A/B of preparing the next batch during the step)."""
 
     type: str
     name: str = ""
     workers: int | str | None = None
     prefetch_factor: int | None = None
+    prefetch_ahead: bool = True
 
-    FIELDS = frozenset({"type", "name", "workers", "prefetch_factor"})
+    FIELDS = frozenset({"type", "name", "workers", "prefetch_factor", "prefetch_ahead"})
 
     def __post_init__(self) -> None:
         _choice(self.type, STAGE_TYPES, "stage.type")
@@ -146,6 +149,9 @@ class RecipeStage:
             _int(self.workers, f"stage {self.name!r} workers", 0)
         if self.prefetch_factor is not None:
             _int(self.prefetch_factor, f"stage {self.name!r} prefetch_factor", 1)
+        if not isinstance(self.prefetch_ahead, bool):
+            raise RecipeError(f"Field stage {self.name!r} prefetch_ahead must be true or false, "
+                              f"got {self.prefetch_ahead!r}.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -332,7 +338,8 @@ def _stage_options(r: RecipeRun, d: RecipeData, stage: RecipeStage, device) -> A
 
     return StageOptions(batch_size=r.batch_size, image_size=r.image_size, workers=stage.workers,
                         prefetch_factor=stage.prefetch_factor, device=device, seed=r.seed,
-                        channels_last=r.channels_last, read_delay_ms=float(d.read_delay_ms))
+                        channels_last=r.channels_last, read_delay_ms=float(d.read_delay_ms),
+                        prefetch_ahead=stage.prefetch_ahead)
 
 
 def resolve_device(name: str):

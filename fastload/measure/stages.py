@@ -14,9 +14,11 @@ stage pays for getting there inside the timed loop:
 * ``fast`` / ``threads``: ``uint8`` batches from worker processes / from a pool of threads
   of the training process (``backend="threads"``), converted and normalised by
   ``DevicePrefetcher`` — on the GPU when the device is CUDA, and on the CPU, in the main
-  process, inside the measured ``next(loader)`` when it is not (``threads-autotune``: the
-  thread pool sizing itself while it runs, ``load/autotune.py``) (so a CPU-only table
-  charges ``fast`` for the normalisation the others do in their workers);
+  process, on its helper thread while the step runs on the batch before (with
+  ``prefetch_ahead=False``: inside the measured ``next(loader)``) when it is not
+  (``threads-autotune``: the thread pool sizing itself while it runs, ``load/autotune.py``)
+  (so a CPU-only table charges ``fast`` the main process's CPU for the normalisation the
+  others do in their workers);
 * ``dali-cpu`` / ``dali-gpu``: DALI's own normalise, in its CPU threads or on the GPU.
 
 Every stage's loader goes through ``DevicePrefetcher`` (float images are only moved and
@@ -77,6 +79,8 @@ class StageOptions:
             ``FileOpenDelay``. DALI stages cannot apply it and are skipped when it is set.
         uint8: hand out ``uint8`` NCHW images, not normalised (the module docstring's second
             contract), instead of normalised ``float32``.
+        prefetch_ahead: ``DevicePrefetcher(ahead=...)``: convert the next batch while the step runs
+            (CPU: on a helper thread; CUDA: on a side stream), else when the step asks for it.
     """
 
     batch_size: int
@@ -89,6 +93,7 @@ class StageOptions:
     pin_memory: bool | None = None
     read_delay_ms: float = 0.0
     uint8: bool = False
+    prefetch_ahead: bool = True
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.image_size < 8:
@@ -226,7 +231,8 @@ def _to_device(loader: Iterable, o: StageOptions):
 
     if o.uint8:
         return Uint8Batches(loader, o.device, channels_last=o.channels_last)
-    return DevicePrefetcher(loader, o.device, dtype=torch.float32, channels_last=o.channels_last)
+    return DevicePrefetcher(loader, o.device, dtype=torch.float32, channels_last=o.channels_last,
+                            ahead=o.prefetch_ahead)
 
 
 def _fast_normalises(o: StageOptions) -> str:
@@ -234,8 +240,11 @@ def _fast_normalises(o: StageOptions) -> str:
 
     if o.uint8:
         return "not normalised (uint8 batches)"
-    return "GPU (DevicePrefetcher)" if torch.device(o.device).type == "cuda" else \
-        "main process, in the timed loop (DevicePrefetcher on CPU)"
+    if torch.device(o.device).type == "cuda":
+        return "GPU (DevicePrefetcher)"
+    if o.prefetch_ahead:
+        return "main process, a helper thread one batch ahead, during the step (DevicePrefetcher on CPU)"
+    return "main process, in the training thread when the step asks (DevicePrefetcher on CPU, ahead=False)"
 
 
 def _pin(o: StageOptions) -> bool:

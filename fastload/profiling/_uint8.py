@@ -252,14 +252,19 @@ def batch_device() -> tuple[Any, str]:
 
 class Uint8Batches:
     """The loader's iterator, its ``(uint8 NCHW, int64)`` batches turned into ``(float32 normalised, int64)``
-    (``DevicePrefetcher``: on CUDA a side-stream copy one batch ahead; on the CPU in the calling thread).
-    Attributes (``_workers``, ...) are the inner iterator's, so the probe still sees the worker pids."""
+    (``DevicePrefetcher``: on CUDA a side-stream copy one batch ahead; on the CPU in the calling thread,
+    ``ahead=False``, as the prediction it verifies assumes: ``_recommend.py`` adds the normalising to the
+    step, where ``DevicePrefetcher``'s default would overlap it with the step on a helper thread, so the
+    CPU figure is the lower one). Attributes (``_workers``, ...) are the inner iterator's, so the probe
+    still sees the worker pids."""
 
     def __init__(self, inner: Any, device: Any, mean: Sequence[float], std: Sequence[float]) -> None:
         from fastload.load.prefetch import DevicePrefetcher
 
         self._inner = inner
-        self._out = iter(DevicePrefetcher(inner, device, mean=mean, std=std))
+        # the CPU batches converted when the step asks, as the model predicts them; CUDA as DevicePrefetcher does
+        ahead = getattr(device, "type", str(device)) == "cuda"
+        self._out = iter(DevicePrefetcher(inner, device, mean=mean, std=std, ahead=ahead))
 
     def __iter__(self) -> Uint8Batches:
         return self

@@ -185,21 +185,23 @@ def test_prefetcher_contract_and_values(device):
     torch.testing.assert_close(x.float().cpu(), (images / 255 - mean) / std, atol=0.03, rtol=0.01)
 
 
+@pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_prefetcher_on_cpu_reuses_a_buffer_only_when_no_batch_holds_it(channels_last):
+def test_prefetcher_on_cpu_reuses_a_buffer_only_when_no_batch_holds_it(channels_last, ahead):
     from fastload.load.transforms import normalize
 
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(4))
                for _ in range(6)]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    pf = DevicePrefetcher(batches, "cpu", channels_last=channels_last)
+    pf = DevicePrefetcher(batches, "cpu", channels_last=channels_last, ahead=ahead)
     held = [x for x, _ in pf]  # every batch kept: none may be rewritten by a later one
     for (raw, _), x in zip(batches, held):
         assert x.is_contiguous(memory_format=fmt)
         assert torch.equal(x, normalize(raw, channels_last=channels_last))
     pooled = {buf.data_ptr() for buf, _, _ in pf._buffers.pool}
-    assert len(pooled) == 2 and len({x.data_ptr() for x in held}) == 6
+    # ahead: the batch the step holds, the one ready and the one being written
+    assert len(pooled) == (3 if ahead else 2) and len({x.data_ptr() for x in held}) == 6
     del held, x
     seen = []
     for (raw, _), (x, _) in zip(batches, pf):  # each batch dropped before the next but one: the pool serves
@@ -221,9 +223,9 @@ def test_prefetcher_on_cpu_reuses_a_buffer_only_when_no_batch_holds_it(channels_
     assert pf._buffers.pool and not any(buf.is_shared() for buf, _, _ in pf._buffers.pool)
     # an idle buffer of another shape makes room: a partial batch does not take a slot for good
     odd = DevicePrefetcher([(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.arange(2))] + batches, "cpu",
-                           channels_last=channels_last)
-    for _ in odd:
-        pass
+                           channels_last=channels_last, ahead=ahead)
+    full = [x for x, _ in odd if len(x) == 4]  # every full batch held: each needs a buffer, the partial one's idles
+    assert len({x.data_ptr() for x in full}) == 6
     assert all(buf.shape == (4, 3, 8, 8) for buf, _, _ in odd._buffers.pool)
     with pytest.raises(ValueError, match="float32 CPU tensor"):
         normalize(batches[0][0], out=torch.empty(4, 3, 8, 9))
@@ -245,6 +247,107 @@ def test_prefetcher_on_cpu_survives_a_partial_last_batch_epoch_after_epoch(chann
         for (raw, _), (x, _) in zip(epoch, pf):
             assert torch.equal(x, normalize(raw, channels_last=channels_last))
         del x
+
+
+class _CountingLoader:
+    """Batches of uint8 images; records how many were drawn and from which thread, and can fail at one."""
+
+    def __init__(self, n: int, fail_at: int | None = None) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.batches = [(torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(4) + k)
+                        for k in range(n)]
+        self.fail_at, self.drawn, self.threads = fail_at, 0, set()
+
+    def __iter__(self):
+        import threading
+
+        for k, batch in enumerate(self.batches):
+            self.threads.add(threading.current_thread().name)
+            if k == self.fail_at:
+                raise RuntimeError(f"sample {4 * k} of batch {k} is broken")
+            self.drawn += 1
+            yield batch
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_prefetcher_on_cpu_normalises_the_next_batch_during_the_step_and_holds_one_ahead(monkeypatch, ahead):
+    import threading
+
+    import fastload.load.prefetch as prefetch
+    from fastload.load.transforms import normalize
+
+    prepared: list[tuple[int, str]] = []  # (first label, thread) per batch converted
+    started = {k: threading.Event() for k in range(6)}
+    real = prefetch.prepare_batch
+
+    def recording(batch, *args, **kwargs):
+        k = int(batch[1][0])
+        prepared.append((k, threading.current_thread().name))
+        started[k].set()
+        return real(batch, *args, **kwargs)
+
+    monkeypatch.setattr(prefetch, "prepare_batch", recording)
+    loader = _CountingLoader(6)
+    got = []
+    for k, (x, y) in enumerate(DevicePrefetcher(loader, "cpu", ahead=ahead)):
+        assert torch.equal(x, normalize(loader.batches[k][0])) and y.tolist() == loader.batches[k][1].tolist()
+        # one batch drawn ahead at most (ahead=False: none), so a loader's state counts at most one unseen batch
+        assert loader.drawn == min(6, k + 2 if ahead else k + 1)
+        if ahead and k < 5:  # the step (here: this wait) runs while the helper converts the next batch
+            assert started[k + 1].wait(10)
+        got.append(k)
+    assert got == list(range(6))
+    main = threading.current_thread().name
+    assert loader.threads == {main}  # the loader is always asked in the calling thread: a profiler sees its waits
+    converted_on = {name for _, name in prepared}
+    assert [k for k, _ in prepared] == list(range(6))
+    if ahead:
+        assert converted_on and main not in converted_on
+        assert all(name.startswith("fastload-prefetch") for name in converted_on)
+    else:
+        assert converted_on == {main}
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_prefetcher_hands_out_every_batch_before_the_loaders_error(ahead):
+    loader = _CountingLoader(6, fail_at=3)
+    it = iter(DevicePrefetcher(loader, "cpu", ahead=ahead))
+    for k in range(3):
+        x, y = next(it)
+        assert y.tolist() == loader.batches[k][1].tolist()
+    with pytest.raises(RuntimeError, match="sample 12 of batch 3 is broken"):
+        next(it)
+
+
+def test_prefetcher_closed_early_leaves_no_helper_thread():
+    import threading
+
+    def helpers():
+        return [t for t in threading.enumerate() if t.name.startswith("fastload-prefetch")]
+
+    it = iter(DevicePrefetcher(_CountingLoader(6), "cpu"))
+    next(it)
+    assert helpers()  # converting the next batch
+    it.close()  # what a `break` out of the loop does, once the iterator is dropped
+    assert not helpers()
+    for _ in DevicePrefetcher(_CountingLoader(0), "cpu"):  # an empty loader starts no helper
+        pass
+    assert not helpers()
+
+
+def test_a_script_that_ends_inside_a_cpu_prefetching_loop_exits_cleanly(tmp_path):
+    from tests.helpers import exits_cleanly
+
+    script = tmp_path / "leave.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from fastload.load.prefetch import DevicePrefetcher
+        batches = [(torch.randint(0, 256, (64, 3, 224, 224), dtype=torch.uint8), torch.arange(64))] * 4
+        it = iter(DevicePrefetcher(batches, "cpu"))
+        next(it)  # the helper is converting the next batch when the script ends
+        print("leaving")
+    """))
+    exits_cleanly(script, "leaving")
 
 
 def test_prefetcher_passes_float_batches_through():

@@ -56,6 +56,7 @@ def test_shipped_recipes_parse():
      "Unknown value 'lukewarm' for field dataset.cache. Valid values are 'warm', 'cold'"),
     ("[dataset]\nread_delay_ms=-1\n[run]\nstep_ms=1\n[[stage]]\ntype='fast'", "read_delay_ms must be a number >= 0"),
     ("[run]\nstep_ms=1\nrounds=0\n[[stage]]\ntype='fast'", "run.rounds must be an integer >= 1"),
+    ("[run]\nstep_ms=1\n[[stage]]\ntype='fast'\nprefetch_ahead='no'", "stage 'fast' prefetch_ahead must be true or false"),
 ])
 def test_structural_errors_name_the_field(tmp_path, body, message):
     with pytest.raises(RecipeError) as info:

@@ -90,3 +90,21 @@ def test_every_stage_hands_out_uint8_nchw_not_normalised_when_asked(stage_type, 
     assert images.device.type == "cpu" and labels.dtype == torch.int64 and labels.shape == (4,)
     assert images.max() > 1  # pixels 0..255, not a 0..1 image cast to uint8
     assert "uint8" in built.normalises
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_stage_converts_ahead_on_a_helper_thread_unless_the_recipe_says_not(tiny_tree, tiny_store, tmp_path, ahead):
+    from fastload.measure.recipe import _stage_options, load_recipe
+
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f"[run]\nstep_ms=1\n[[stage]]\ntype='fast'\nprefetch_ahead={str(ahead).lower()}\n")
+    r = load_recipe(recipe)
+    opts = _stage_options(r.run, r.dataset, r.stages[0], "cpu")
+    assert opts.prefetch_ahead is ahead
+    opts = StageOptions(batch_size=4, image_size=32, workers=1, device="cpu", prefetch_ahead=ahead)
+    built = build_stage("fast", StageData(tiny_tree, tiny_store), opts)
+    assert built.loader.ahead is ahead
+    assert ("helper thread" in built.normalises) is ahead and ("ahead=False" in built.normalises) is not ahead
+    with running(built) as loader:
+        images, labels = next(iter(loader))[:2]
+    assert images.dtype == torch.float32 and labels.shape == (4,)
