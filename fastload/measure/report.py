@@ -161,7 +161,8 @@ def format_table(rows: list[dict]) -> str:
                          f"{sum(a['decisions'] for a in r['autotune'])} decisions)")
     if ran:
         lines.append(f"same output: {CONTRACT}. Where each stage normalises:")
-        lines += [f"  {r['name']:<14}{r['normalises']}" for r in ran if r.get("normalises")]
+        width = max(14, *(len(r["name"]) + 2 for r in ran))  # a long stage name still leaves a gap
+        lines += [f"  {r['name']:<{width}}{r['normalises']}" for r in ran if r.get("normalises")]
     for r in ran:
         if "eviction_confirmed" in r:
             ev = r["cache_evictions"]
