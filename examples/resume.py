@@ -43,7 +43,7 @@ def main() -> None:
     loss = None
     while epoch < a.epochs:
         # Iterate the loader itself: its state then counts exactly the batches trained on. (A
-        # DevicePrefetcher on CUDA holds one batch ahead, which a state taken now would skip.)
+        # DevicePrefetcher holds one batch ahead, which a state taken now would skip, unless ahead=False.)
         for batch in loader:
             images, labels = prepare_batch(batch, torch.device(device))
             loss = nn.functional.cross_entropy(model(images), labels)

@@ -9,8 +9,10 @@ numpy ufunc call and adds in a second. The alternative kept here for measurement
 values times a repeated per-channel vector), the same float32 values bit for bit (checked first).
 First both are timed on their own (one batch of 64 into a reused buffer, one torch thread, 15
 alternating repetitions); then where normalisation runs: in the training thread, after
-``fastload.DataLoader(..., collate_fn=collate_uint8)``, inside ``DevicePrefetcher(loader, "cpu")``
-(which normalises into reused buffers), with torch's intra-op threads as the loader leaves them.
+``fastload.DataLoader(..., collate_fn=collate_uint8)``, inside ``DevicePrefetcher(loader, "cpu",
+ahead=False)`` (which normalises into reused buffers, in the calling thread, as it did when this was
+measured: the default now normalises on a helper thread), with torch's intra-op threads as the loader
+leaves them.
 
 Arms alternate each round (order reversed every other round); each arm builds its loader afresh
 and takes 3 batches untimed. Prints images/s and the process tree's CPU time per image (psutil),
@@ -111,7 +113,7 @@ def main() -> None:
             ds = LMDBImageDataset(args.store, transform=train_transform(224, channels_last=cl))
             loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=2, backend=args.backend,
                                 collate_fn=collate_uint8, generator=torch.Generator().manual_seed(r))
-            it = iter(DevicePrefetcher(loader, "cpu", channels_last=cl))
+            it = iter(DevicePrefetcher(loader, "cpu", channels_last=cl, ahead=False))
             for _ in range(3):
                 next(it)
             n, t0, c0 = 0, time.perf_counter(), tree_cpu()
@@ -119,7 +121,7 @@ def main() -> None:
                 try:
                     images, _ = next(it)
                 except StopIteration:  # the epoch ended: the next one
-                    it = iter(DevicePrefetcher(loader, "cpu", channels_last=cl))
+                    it = iter(DevicePrefetcher(loader, "cpu", channels_last=cl, ahead=False))
                     continue
                 n += len(images)
             dt, c1 = time.perf_counter() - t0, tree_cpu()

@@ -23,8 +23,8 @@ A fair configuration, as SPDL intends it to be used:
   0.08–1, ratio 3/4–4/3) from the size the demuxer reports, and flipped with p = 0.5;
 * ``uint8`` NHWC batches (viewed as NCHW) and ``int64`` labels leave the pipeline; the
   conversion to ``float32`` normalised with the ImageNet mean/std happens on the CPU in
-  the main process, inside the timed ``next()`` — ``DevicePrefetcher``, exactly as for the
-  fastload paths.
+  the main process, inside the timed loop (``DevicePrefetcher``'s helper thread, one batch
+  ahead), exactly as for the fastload paths.
 
 Every decode failure stops the pipeline (``max_failures=0``) and the bench reports the
 path skipped with the reason, as it does for a path that cannot read a file.
@@ -178,7 +178,7 @@ def folder_samples(folder: Path) -> list[tuple[str, int]]:
 def spdl_stage(samples: list[tuple[str, int]], *, batch_size: int, image_size: int, workers: int,
                seed: int = 0, uint8: bool = False, channels_last: bool = False) -> BuiltStage:
     """The SPDL loader behind the hand-off every path shares: ``DevicePrefetcher`` on the CPU,
-    which normalises the ``uint8`` batches in the caller's thread, inside the timed ``next()``
+    which normalises the ``uint8`` batches on its helper thread, one batch ahead, inside the timed loop
     (``uint8``: not normalised, made contiguous NCHW by ``stages.Uint8Batches``, as every path's are;
     ``channels_last``: kept channels-last, as SPDL's batches come)."""
     from fastload.load.prefetch import DevicePrefetcher
@@ -190,4 +190,4 @@ def spdl_stage(samples: list[tuple[str, int]], *, batch_size: int, image_size: i
         return BuiltStage("spdl", Uint8Batches(loader, "cpu", channels_last=channels_last), threads,
                           "not normalised (uint8 batches)")
     return BuiltStage("spdl", DevicePrefetcher(loader, "cpu", dtype=torch.float32, channels_last=channels_last), threads,
-                      "main process, in the timed loop (DevicePrefetcher on CPU)")
+                      "main process, a helper thread one batch ahead (DevicePrefetcher on CPU)")

@@ -19,7 +19,8 @@ Discipline, so a figure does not depend on which path ran before it:
 
 Every path ends in the same place: a batch of normalised float32 images and int64 labels
 on the CPU. torchvision and WebDataset normalise in the workers (ToTensor + Normalize);
-fastload and SPDL ship uint8 and normalise in the main process, inside the timed region;
+fastload and SPDL ship uint8 and normalise in the main process, inside the timed region
+(``DevicePrefetcher``'s helper thread, one batch ahead, while the loop takes the next batch);
 DALI and FFCV normalise in their own pipelines. With ``uint8`` (``--uint8``) the place is a
 GPU host's: ``uint8`` NCHW batches, cropped, resized and flipped, not normalised (torchvision
 and WebDataset end in ``PILToTensor``, DALI's ``crop_mirror_normalize`` writes ``uint8``,

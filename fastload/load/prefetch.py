@@ -15,10 +15,13 @@ normalisation off the step's critical path"). Either way the batch contract is t
 everywhere: ``(images float NCHW normalised, labels int64)`` on the requested device.
 
 Both devices take the loader's next batch in the calling thread (so a profiler timing the
-loader's ``next()`` sees the waits the step sees) and hold one prepared batch ahead; a
+loader's ``next()`` sees the waits the step sees) and hold one prepared batch ahead (so a
+loader that rewrites its last batch's memory on the next ``next()`` needs ``ahead=False``); a
 loader error is raised after the batches before it are handed out. ``ahead=False``: each
 batch prepared when asked for, in the calling thread, nothing held ahead (a ``state_dict`` of
-the loader then counts exactly the batches handed out).
+the loader then counts exactly the batches handed out). Other devices (MPS, XPU) are prepared
+in the calling thread, as with ``ahead=False``: two threads' ops at once are not safe on all of
+them.
 
 On CPU the normalised images are written into one of a few reused float32 buffers (two, three
 with a batch prepared ahead: the one the step holds, the one ready, the one being written) when
@@ -35,7 +38,8 @@ Must not: iterate the loader more than one batch ahead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -43,6 +47,8 @@ from fastload.load import reuse
 from fastload.load.transforms import IMAGENET_MEAN, IMAGENET_STD, normalize
 
 __all__ = ["DevicePrefetcher", "prepare_batch", "OutputBuffers"]
+
+_END = object()  # the loader is exhausted (a batch may be anything, None included)
 
 
 class OutputBuffers:
@@ -159,7 +165,7 @@ class DevicePrefetcher:
                              channels_last=self.channels_last, non_blocking=non_blocking, buffers=self._buffers)
 
     def __iter__(self) -> Iterator:
-        if not self.ahead:
+        if not self.ahead or self.device.type not in ("cpu", "cuda"):  # another device: prepared where asked
             for batch in self.loader:
                 yield self._prepare(batch, non_blocking=False)
         elif self.device.type == "cuda":
@@ -167,56 +173,78 @@ class DevicePrefetcher:
         else:
             yield from self._iter_host()
 
-    def _iter_host(self) -> Iterator:
-        """CPU: batch i+1 is taken from the loader here, then normalised on a helper thread while the
-        caller's step runs on batch i. The helper only normalises (it never waits for the loader), so
-        closing the iterator, or the interpreter's exit, waits at most for one batch's normalisation."""
-        from concurrent.futures import ThreadPoolExecutor
-
+    def _one_ahead(self, start: Callable[[Any], Any], finish: Callable[[Any], Any]) -> Iterator:
+        """Both devices' order: once batch i is ready (``finish``), batch i+1 is taken from the loader in the
+        calling thread and ``start``-ed, then batch i is handed out, so batch i+1 is prepared while the
+        caller's step runs on batch i. The loader is never more than one batch ahead, and its error is
+        raised once the batch before it is handed out."""
         it = iter(self.loader)
         try:
             batch = next(it)
         except StopIteration:
             return
-        helper = ThreadPoolExecutor(1, thread_name_prefix="fastload-prefetch")
-        try:
-            pending = helper.submit(self._prepare, batch, False)
-            while pending is not None:
-                failed = None
-                try:  # while the helper normalises the batch about to be handed out
-                    batch = next(it)
-                except StopIteration:
-                    batch = None
-                except Exception as exc:  # the loader's: raised once the batch before it is handed out
-                    batch, failed = None, exc
-                ready = pending.result()
-                pending = None if batch is None else helper.submit(self._prepare, batch, False)
-                batch = None  # the raw batch is the helper's now: drop this frame's reference
-                yield ready
-                del ready
-                if failed is not None:
-                    raise failed
-        finally:
-            helper.shutdown(wait=True, cancel_futures=True)
-
-    def _iter_cuda(self) -> Iterator:
-        stream = torch.cuda.Stream(self.device)
-        it = iter(self.loader)
-
-        def load_next():
+        pending = start(batch)
+        while pending is not _END:
+            ready = finish(pending)
+            failed = None
             try:
                 batch = next(it)
             except StopIteration:
-                return None
+                batch = _END
+            except Exception as exc:  # the loader's: raised once the batch before it is handed out
+                batch, failed = _END, exc
+            pending = _END if batch is _END else start(batch)
+            batch = None  # the raw batch is start's now: drop this frame's reference
+            yield ready
+            del ready
+            if failed is not None:
+                raise failed
+
+    def _iter_host(self) -> Iterator:
+        """CPU: batches normalised on a helper thread. The helper only normalises (it never waits for the
+        loader), so closing the iterator, or the interpreter's exit, waits at most for one batch's
+        normalisation. Where the helper cannot start (threads no longer take work once the interpreter's
+        main thread has ended: a loop trained in another thread, or run from an exit handler), the batch is
+        prepared in the calling thread."""
+        import threading
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        helper_ids: set[int] = set()
+        helper = ThreadPoolExecutor(1, thread_name_prefix="fastload-prefetch",  # its thread starts on a batch
+                                    initializer=lambda: helper_ids.add(threading.get_ident()))
+
+        def start(batch) -> Future:
+            try:
+                return helper.submit(self._prepare, batch, False)
+            except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+                done: Future = Future()
+                try:
+                    done.set_result(self._prepare(batch, False))
+                except Exception as exc:
+                    done.set_exception(exc)
+                return done
+
+        try:
+            yield from self._one_ahead(start, lambda future: future.result())
+        finally:
+            # closed from the helper itself (a garbage collection that ran there): it cannot wait for itself
+            helper.shutdown(wait=threading.get_ident() not in helper_ids, cancel_futures=True)
+
+    def _iter_cuda(self) -> Iterator:
+        """CUDA: batches copied and normalised on a side stream; the compute stream waits for a batch only
+        when it is handed out, and ``record_stream`` keeps its memory from reuse while the step reads it."""
+        stream = torch.cuda.Stream(self.device)
+
+        def start(batch):
             with torch.cuda.stream(stream):
                 return self._prepare(batch, non_blocking=True)
 
-        ready = load_next()
-        while ready is not None:
+        def finish(ready):
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(stream)
             for t in ready:
                 if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                     t.record_stream(current)
-            batch, ready = ready, load_next()  # start the next copy before handing this one out
-            yield batch
+            return ready
+
+        yield from self._one_ahead(start, finish)

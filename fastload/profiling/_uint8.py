@@ -263,7 +263,9 @@ class Uint8Batches:
 
         self._inner = inner
         # the CPU batches converted when the step asks, as the model predicts them; CUDA as DevicePrefetcher does
-        ahead = getattr(device, "type", str(device)) == "cuda"
+        import torch
+
+        ahead = torch.device(device).type == "cuda"
         self._out = iter(DevicePrefetcher(inner, device, mean=mean, std=std, ahead=ahead))
 
     def __iter__(self) -> Uint8Batches:

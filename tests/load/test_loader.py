@@ -309,12 +309,13 @@ def test_prefetcher_on_cpu_normalises_the_next_batch_during_the_step_and_holds_o
 
 
 @pytest.mark.parametrize("ahead", [True, False])
-def test_prefetcher_hands_out_every_batch_before_the_loaders_error(ahead):
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetcher_hands_out_every_batch_before_the_loaders_error(device, ahead):
     loader = _CountingLoader(6, fail_at=3)
-    it = iter(DevicePrefetcher(loader, "cpu", ahead=ahead))
+    it = iter(DevicePrefetcher(loader, device, ahead=ahead))
     for k in range(3):
         x, y = next(it)
-        assert y.tolist() == loader.batches[k][1].tolist()
+        assert x.device.type == device and y.cpu().tolist() == loader.batches[k][1].tolist()
     with pytest.raises(RuntimeError, match="sample 12 of batch 3 is broken"):
         next(it)
 
@@ -322,8 +323,10 @@ def test_prefetcher_hands_out_every_batch_before_the_loaders_error(ahead):
 def test_prefetcher_closed_early_leaves_no_helper_thread():
     import threading
 
+    before = set(threading.enumerate())
+
     def helpers():
-        return [t for t in threading.enumerate() if t.name.startswith("fastload-prefetch")]
+        return [t for t in set(threading.enumerate()) - before if t.name.startswith("fastload-prefetch")]
 
     it = iter(DevicePrefetcher(_CountingLoader(6), "cpu"))
     next(it)
@@ -333,6 +336,50 @@ def test_prefetcher_closed_early_leaves_no_helper_thread():
     for _ in DevicePrefetcher(_CountingLoader(0), "cpu"):  # an empty loader starts no helper
         pass
     assert not helpers()
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+def test_a_none_batch_is_refused_by_name_not_taken_for_the_end(ahead):
+    # a collate_fn that returns None mid-epoch: the batch is named as wrong, the epoch does not end quietly
+    batches = [(torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.arange(2)), None,
+               (torch.zeros(2, 3, 8, 8, dtype=torch.uint8), torch.arange(2))]
+    it = iter(DevicePrefetcher(batches, "cpu", ahead=ahead))
+    next(it)
+    with pytest.raises(TypeError, match="got NoneType"):
+        next(it)
+
+
+def test_a_loop_in_a_thread_that_outlives_the_main_thread_keeps_its_batches(tmp_path):
+    # once the main thread ends, the interpreter's thread pools take no new work ("cannot schedule new futures
+    # after interpreter shutdown"): the batches are then normalised in the training thread
+    script = tmp_path / "train_in_a_thread.py"
+    script.write_text(textwrap.dedent("""
+        import threading, time
+        import torch
+        from fastload.load.prefetch import DevicePrefetcher
+
+        def train():
+            time.sleep(0.5)  # the main thread has ended by now
+            batches = [(torch.full((2, 3, 8, 8), k, dtype=torch.uint8), torch.arange(2)) for k in range(4)]
+            seen = [int(x[0, 0, 0, 0] * 1000) for x, _ in DevicePrefetcher(batches, "cpu")]
+            print("trained", len(seen), len(set(seen)))
+
+        threading.Thread(target=train).start()
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "trained 4 4" in proc.stdout, proc.stderr
+
+
+def test_a_device_other_than_cpu_and_cuda_is_prepared_in_the_calling_thread(monkeypatch):
+    import threading
+
+    import fastload.load.prefetch as prefetch
+
+    where = []
+    monkeypatch.setattr(prefetch, "prepare_batch", lambda batch, *a, **k: where.append(threading.get_ident()) or batch)
+    pf = DevicePrefetcher([(torch.zeros(1), torch.zeros(1))] * 3, "cpu")
+    pf.device = torch.device("meta")  # stands in for MPS or XPU, whose ops two threads must not run at once
+    assert len(list(pf)) == 3 and set(where) == {threading.get_ident()}
 
 
 def test_a_script_that_ends_inside_a_cpu_prefetching_loop_exits_cleanly(tmp_path):
