@@ -359,7 +359,9 @@ def test_a_loop_in_a_thread_that_outlives_the_main_thread_keeps_its_batches(tmp_
         from fastload.load.prefetch import DevicePrefetcher
 
         def train():
-            time.sleep(0.5)  # the main thread has ended by now
+            while threading.main_thread().is_alive():  # stopped as the interpreter's shutdown begins
+                time.sleep(0.01)
+            time.sleep(0.2)  # its thread-pool exit hook runs right after
             batches = [(torch.full((2, 3, 8, 8), k, dtype=torch.uint8), torch.arange(2)) for k in range(4)]
             seen = [int(x[0, 0, 0, 0] * 1000) for x, _ in DevicePrefetcher(batches, "cpu")]
             print("trained", len(seen), len(set(seen)))
