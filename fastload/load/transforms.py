@@ -235,12 +235,17 @@ def _resize(chw: torch.Tensor, size: list[int], channels_last: bool = False,
     channels-last, skipping the kernel's planar scatter (the same bytes either way). An image
     already of that size is laid out the same way, so the layout never depends on the image.
     ``out`` (a ``uint8`` CHW tensor of ``size``, e.g. a batch buffer's slot): written there
-    instead, in its own layout, and returned.
+    instead, in its own layout, and returned. A planar input (a tensor from
+    ``torchvision.io.decode_jpeg``) with a channels-last result is made channels-last first: the
+    kernel refuses that pair with an internal assert ("num_channels == unpacked_output.size(0)").
     """
     if list(chw.shape[-2:]) == size:
         if out is not None:
             return out.copy_(chw)
         return chw[None].contiguous(memory_format=torch.channels_last)[0] if channels_last else chw.contiguous()
+    to_cl = (out.stride(0) == 1 and out.shape[0] > 1) if out is not None else channels_last
+    if to_cl and chw.stride(0) != 1 and chw.shape[0] > 1:
+        chw = chw[None].contiguous(memory_format=torch.channels_last)[0]
     if out is not None:
         return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None, out=out.unsqueeze(0))[0]
     # the op ``F.interpolate(..., mode="bilinear", antialias=True)`` ends in, without its ~10 µs of

@@ -241,6 +241,28 @@ def test_train_from_bytes_into_a_batch_slot_gives_the_same_image(hw, layout, cha
     assert flips == {False, True}
 
 
+@pytest.mark.parametrize("hw", [(300, 320), (260, 300), (900, 700)])
+def test_channels_last_presets_take_a_planar_tensor_too(hw):
+    # a CHW tensor laid out planar (torchvision.io.decode_jpeg's) met torch's uint8 kernel with a channels-last
+    # output, which it refuses with an internal assert ("num_channels == unpacked_output.size(0)"): the input
+    # is now made channels-last first; the same values as from the HWC view of the same pixels
+    hwc = torch.from_numpy(np.array(photo(hw[1], hw[0], seed=7)))
+    planar, view = hwc.permute(2, 0, 1).contiguous(), hwc.permute(2, 0, 1)
+    for cl in (False, True):
+        ev = EvalTransform(96, 112, channels_last=cl)
+        a, b = ev(planar), ev(view)
+        assert torch.equal(a, b)
+        if cl:
+            assert a.stride(0) == 1 and a.stride(2) == 3  # a center crop of a channels-last image
+        tr = TrainTransform(112, channels_last=cl)
+        for seed in range(6):
+            torch.manual_seed(seed)
+            a = tr(planar)
+            torch.manual_seed(seed)
+            assert torch.equal(a, tr(view))
+            assert _channels_last(a[None]) if cl else a.is_contiguous(), a.stride()
+
+
 def test_collate_uint8_keeps_a_channels_last_layout_only_when_every_sample_has_it():
     hwc = [torch.randint(0, 256, (5, 7, 3), dtype=torch.uint8) for _ in range(4)]
     cl = [(x.permute(2, 0, 1), i) for i, x in enumerate(hwc)]
