@@ -1,6 +1,7 @@
 """Is `bench loader`'s ceiling reachable? One core's decode+crop loop, alone and two at once.
 
     python tools/bench_ceiling.py [STORE] [--rounds 2] [--seconds 4] [--size 224]
+    python tools/bench_ceiling.py [STORE] --crop-samples 4 [--rounds 4] [--seconds 1]
 
 `fastload bench loader` reports each path as a share of a ceiling: one core's tight
 ``train_transform(size).from_bytes`` loop (``single_core_ceiling``) times the workers (with
@@ -17,6 +18,11 @@ pipeline around it (read from the store, seeded draws, into a batch slot) in one
 two, and then the thread loader itself (2 threads, ``uint8`` batches), so the loader can be put
 against its own floor and the GIL's share seen apart from the pipeline's. STORE defaults to a
 temporary store of the generated default dataset.
+
+``--crop-samples SEEDS`` runs something else: the preset floor's loop on the store's first 256 records
+(the floors' sample before) and on ``floor_records`` (the floors' records now), with the crops of seeds
+0..SEEDS-1, interleaved: the preset's cost moves with its crops, and a floor measured on too few of
+them is a ceiling set by luck.
 
 Must not: be imported by the package (a tool, run by hand).
 """
@@ -40,13 +46,14 @@ def _alone(store: str, size: int, seconds: float, out) -> None:
 def _two_threads(store: str, size: int, seconds: float) -> float:
     import torch
 
+    from fastload.bench.loader import floor_records
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import train_transform
 
     torch.set_num_threads(1)
     ds = LMDBImageDataset(store)
     tf = train_transform(size)
-    blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
+    blobs = floor_records(ds)
     for b in blobs[:16]:
         tf.from_bytes(b)
     counts = [0, 0]
@@ -130,12 +137,60 @@ def _thread_loader(store: str, size: int, seconds: float) -> float:
                 return n / (time.perf_counter() - t0)
 
 
+def _crop_samples(store: str, size: int, seconds: float, rounds: int, seeds: int) -> None:
+    """The preset floor's loop on the first 256 records (the floors' sample before) and on ``floor_records``
+    (now), each with crops drawn from seeds 0..seeds-1, interleaved rounds: how far one sample of crops
+    moves the floor."""
+    import statistics
+
+    import torch
+
+    from fastload.bench.loader import floor_records
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import train_transform
+
+    torch.set_num_threads(1)
+    ds = LMDBImageDataset(store)
+    tf = train_transform(size)
+    wide = floor_records(ds)
+    samples = {"first 256 records": wide[:256], f"floor_records ({len(wide)})": wide}
+    g = torch.Generator()
+    for b in wide[:16]:
+        tf.from_bytes(b, g)
+
+    def loop(blobs: list[bytes], seed: int) -> float:
+        n, t0 = 0, time.perf_counter()
+        while n == 0 or time.perf_counter() - t0 < seconds:
+            g.manual_seed(seed)  # each pass draws the same crops
+            for b in blobs:
+                tf.from_bytes(b, g)
+            n += len(blobs)
+        return (time.perf_counter() - t0) / n * 1e6
+
+    arms = [(name, seed) for name in samples for seed in range(seeds)]
+    us: dict[tuple[str, int], list[float]] = {a: [] for a in arms}
+    for r in range(rounds):
+        for name, seed in arms[r % len(arms):] + arms[:r % len(arms)]:
+            us[(name, seed)].append(loop(samples[name], seed))
+    print(f"{store}: the preset's whole work (train_transform({size}).from_bytes), one thread, us per image, "
+          f"median (min-max) of {rounds} rounds, arms rotated")
+    for name in samples:
+        meds = [statistics.median(us[(name, s)]) for s in range(seeds)]
+        for s in range(seeds):
+            v = us[(name, s)]
+            print(f"  {name:24s} crops of seed {s}: {meds[s]:6.0f} ({min(v):.0f}-{max(v):.0f})")
+        print(f"  {name:24s} across seeds: {min(meds):.0f}-{max(meds):.0f} ({max(meds) / min(meds) - 1:.1%} apart)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("store", nargs="?")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--crop-samples", type=int, metavar="SEEDS", default=0,
+                    help="instead: the preset floor's loop on the first 256 records and on the floors' records, "
+                         "crops from seeds 0..SEEDS-1, to see how far one sample of crops moves the floor")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         store = args.store
@@ -145,6 +200,9 @@ def main() -> None:
 
             store = str(Path(tmp) / "store.lmdb")
             convert(ensure_default_dataset(), store, ConvertOptions(progress=False))
+        if args.crop_samples:
+            _crop_samples(store, args.size, args.seconds, args.rounds, args.crop_samples)
+            return
         ctx = mp.get_context("spawn")
         for r in range(args.rounds):
             q = ctx.Queue()

@@ -33,7 +33,8 @@ converted in the timed loop (``contiguous(memory_format=torch.channels_last)``, 
 a batch that already is).
 
 Two floors per core, measured on each store a path reads (``store_floors``, tight one-thread
-loops on the same records), in every round as an arm of its own beside the paths, so each round's
+loops on its first records, ``FLOOR_CROPS`` crops of them: the preset's cost moves with the crop, so the
+floors average as many crops as a path's round), in every round as an arm of its own beside the paths, so each round's
 images/s is held to the ceiling measured in that round (a shared machine's speed moves between
 minutes: in one session the preset floor moved 1,092-1,651 images/s between runs): **decode alone** (each record's crop
 decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
@@ -72,7 +73,7 @@ from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
-           "store_floors", "ALL_PATHS"]
+           "store_floors", "floor_records", "FLOOR_RECORDS", "FLOOR_CROPS", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -389,14 +390,37 @@ def _make_ffcv(beton: str, o: LoaderBenchOptions) -> BuiltStage:
     return BuiltStage("ffcv", loader, max(1, o.workers), "FFCV pipeline (NormalizeImage)")
 
 
+# the records the floors run on: the store's first FLOOR_RECORDS, fewer when they pass FLOOR_BYTES, cycled to
+# FLOOR_CROPS crops (each drawn afresh). The preset's cost per image moves with its crop (a large crop of a small
+# photo is a region decode, a small one a DCT-scaled decode), so a floor must average as many crops as a path's
+# round does (30 batches of 64 = 1,920): on 800 real photos the first 256 records took 707 us per image with the
+# crops of seed 0 and 729-750 with seeds 1-3 (6% apart), all 800 729-747 (2.5%) (docs/loader.md, "The floors on
+# as many crops as the paths")
+FLOOR_RECORDS = 1024
+FLOOR_BYTES = 64 << 20
+FLOOR_CROPS = 2048
+
+
+def floor_records(ds) -> list[bytes]:
+    """The encoded records the floors time: ``ds``'s first ``FLOOR_RECORDS``, fewer past ``FLOOR_BYTES`` (at least one)."""
+    blobs: list[bytes] = []
+    total = 0
+    for i in range(min(len(ds), FLOOR_RECORDS)):
+        if blobs and total >= FLOOR_BYTES:
+            break
+        blobs.append(ds.get_bytes(i))
+        total += len(blobs[-1])
+    return blobs
+
+
 def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
-    """Images/s of a tight ``train_transform(size).from_bytes`` loop, one thread."""
+    """Images/s of a tight ``train_transform(size).from_bytes`` loop, one thread, over ``floor_records``."""
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import train_transform
 
     ds = LMDBImageDataset(store)
     tf = train_transform(size)
-    blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
+    blobs = floor_records(ds)
     with one_torch_thread():
         for b in blobs[:16]:
             tf.from_bytes(b)
@@ -412,8 +436,10 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
                  channels_last: bool = False) -> Floors:
     """The floors per core of ``store`` (``Floors``): tight one-thread loops, in interleaved rounds.
 
-    Decode alone decodes, for every record, the crop ``train_transform(size)`` draws for it
-    (drawn once beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
+    The records are ``floor_records`` (the store's first ``FLOOR_RECORDS``), cycled to ``FLOOR_CROPS``
+    crops, each drawn afresh: as many crops as a path's round takes, so the floor is not set by the
+    luck of a few. Decode alone decodes each crop ``train_transform(size)`` draws (drawn once
+    beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
     floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
     ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
     case once a batch is dropped: no fresh pages to fault in). ``channels_last``: the preset with
@@ -426,7 +452,8 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
 
     ds = LMDBImageDataset(store)
     tf = train_transform(size, channels_last=channels_last)
-    blobs = [ds.get_bytes(i) for i in range(min(len(ds), 256))]
+    records = floor_records(ds)
+    blobs = [records[k % len(records)] for k in range(max(len(records), FLOOR_CROPS))]
     g = torch.Generator().manual_seed(0)
     drawn = [tf.draw(b, g) for b in blobs]
     fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -382,3 +382,44 @@ def test_bench_convert_engines_reports_each_engine(tiny_tree, tmp_path):
 def test_bench_loader_refuses_uint8_with_remote(tiny_store):
     r = CliRunner().invoke(main, ["bench", "loader", "--store", str(tiny_store), "--remote", "s3://b/s", "--uint8"])
     assert r.exit_code == 2 and "--uint8 is for the local paths" in r.output
+
+
+def test_the_floors_time_as_many_crops_as_a_round_of_a_path_over_the_stores_first_records(tiny_store, monkeypatch):
+    """A floor measured on a few crops is set by their luck (on 800 real photos the first 256 records took 707 us
+    per image with one seed's crops and 729-750 with others'): the floors cycle the store's first records to
+    FLOOR_CROPS crops, each drawn afresh, and stop taking records at FLOOR_RECORDS or FLOOR_BYTES."""
+    import fastload.bench.loader as bl
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import TrainTransform
+
+    ds = LMDBImageDataset(tiny_store)
+    n = len(ds)
+    assert bl.floor_records(ds) == [ds.get_bytes(i) for i in range(n)]  # 24 records, under both caps
+    monkeypatch.setattr(bl, "FLOOR_RECORDS", 5)
+    assert bl.floor_records(ds) == [ds.get_bytes(i) for i in range(5)]
+    sizes = [len(ds.get_bytes(i)) for i in range(n)]
+    monkeypatch.setattr(bl, "FLOOR_RECORDS", n)
+    monkeypatch.setattr(bl, "FLOOR_BYTES", sizes[0] + sizes[1] + 1)  # the third record passes it
+    assert bl.floor_records(ds) == [ds.get_bytes(i) for i in range(3)]
+    monkeypatch.setattr(bl, "FLOOR_BYTES", 1)
+    assert bl.floor_records(ds) == [ds.get_bytes(0)]  # never none
+
+    monkeypatch.setattr(bl, "FLOOR_RECORDS", 4)
+    monkeypatch.setattr(bl, "FLOOR_BYTES", 1 << 30)
+    monkeypatch.setattr(bl, "FLOOR_CROPS", 10)
+    decoded: list[tuple[bytes, tuple]] = []
+    real = TrainTransform.decode_crop
+
+    def spy(self, data, drawn):
+        decoded.append((data, drawn))
+        return real(self, data, drawn)
+
+    monkeypatch.setattr(TrainTransform, "decode_crop", spy)
+    bl.store_floors(tiny_store, 32, 4, seconds=0.0, rounds=1)
+    first = [ds.get_bytes(i) for i in range(4)]
+    # the warm-up (for each of the 3 arms, 8 crops decoded, then made by from_bytes, which decodes them again),
+    # then the decode floor's one pass over the 10 crops
+    decode_pass = decoded[3 * 8 * 2:3 * 8 * 2 + 10]
+    assert [d for d, _ in decode_pass] == [first[k % 4] for k in range(10)]
+    boxes = [drawn for _, drawn in decode_pass]
+    assert boxes[0] != boxes[4] or boxes[1] != boxes[5]  # a record's second crop is drawn afresh
