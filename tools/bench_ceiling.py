@@ -20,8 +20,8 @@ against its own floor and the GIL's share seen apart from the pipeline's. STORE 
 temporary store of the generated default dataset.
 
 ``--crop-samples SEEDS`` runs something else: the preset floor's loop on the store's first 256 records
-(the floors' sample before) and on ``floor_records`` (the floors' records now), with the crops of seeds
-0..SEEDS-1, interleaved: the preset's cost moves with its crops, and a floor measured on too few of
+(the floors' sample before) and on the floors' crops now (``floor_crops``: the store's first records,
+cycled to 2,048 crops), with the crops of seeds 0..SEEDS-1, interleaved: the preset's cost moves with its crops, and a floor measured on too few of
 them is a ceiling set by luck.
 
 Must not: be imported by the package (a tool, run by hand).
@@ -138,22 +138,23 @@ def _thread_loader(store: str, size: int, seconds: float) -> float:
 
 
 def _crop_samples(store: str, size: int, seconds: float, rounds: int, seeds: int) -> None:
-    """The preset floor's loop on the first 256 records (the floors' sample before) and on ``floor_records``
-    (now), each with crops drawn from seeds 0..seeds-1, interleaved rounds: how far one sample of crops
-    moves the floor."""
+    """The preset floor's loop on the first 256 records (the floors' sample before) and on the floors' crops
+    now (``floor_crops(floor_records(...))``), each with crops drawn from seeds 0..seeds-1, interleaved rounds:
+    how far one sample of crops moves the floor."""
     import statistics
 
     import torch
 
-    from fastload.bench.loader import floor_records
+    from fastload.bench.loader import floor_crops, floor_records
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import train_transform
 
     torch.set_num_threads(1)
     ds = LMDBImageDataset(store)
     tf = train_transform(size)
-    wide = floor_records(ds)
-    samples = {"first 256 records": wide[:256], f"floor_records ({len(wide)})": wide}
+    records = floor_records(ds)
+    wide = floor_crops(records)
+    samples = {"first 256 records": records[:256], f"the floors' {len(wide)} crops": wide}
     g = torch.Generator()
     for b in wide[:16]:
         tf.from_bytes(b, g)
@@ -178,8 +179,8 @@ def _crop_samples(store: str, size: int, seconds: float, rounds: int, seeds: int
         meds = [statistics.median(us[(name, s)]) for s in range(seeds)]
         for s in range(seeds):
             v = us[(name, s)]
-            print(f"  {name:24s} crops of seed {s}: {meds[s]:6.0f} ({min(v):.0f}-{max(v):.0f})")
-        print(f"  {name:24s} across seeds: {min(meds):.0f}-{max(meds):.0f} ({max(meds) / min(meds) - 1:.1%} apart)")
+            print(f"  {name:26s} crops of seed {s}: {meds[s]:6.0f} ({min(v):.0f}-{max(v):.0f})")
+        print(f"  {name:26s} across seeds: {min(meds):.0f}-{max(meds):.0f} ({max(meds) / min(meds) - 1:.1%} apart)")
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
-           "store_floors", "floor_records", "FLOOR_RECORDS", "FLOOR_CROPS", "ALL_PATHS"]
+           "store_floors", "floor_records", "floor_crops", "FLOOR_RECORDS", "FLOOR_BYTES", "FLOOR_CROPS", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,7 +99,8 @@ class LoaderBenchOptions:
             worker processes do not.
         uint8: every path hands out ``uint8`` batches, not normalised (a GPU host's case; the
             module docstring), instead of normalised float32.
-        floor_seconds: how long each floor's loop (decode, preset, normalise) runs in each round.
+        floor_seconds: how long each floor's loop (decode, preset, normalise) runs in each round, at
+            least: the decode and preset loops run whole passes over their crops (``floor_crops``).
         channels_last: every path hands out ``torch.channels_last`` batches (the module docstring).
     """
 
@@ -393,16 +394,21 @@ def _make_ffcv(beton: str, o: LoaderBenchOptions) -> BuiltStage:
 # the records the floors run on: the store's first FLOOR_RECORDS, fewer when they pass FLOOR_BYTES, cycled to
 # FLOOR_CROPS crops (each drawn afresh). The preset's cost per image moves with its crop (a large crop of a small
 # photo is a region decode, a small one a DCT-scaled decode), so a floor must average as many crops as a path's
-# round does (30 batches of 64 = 1,920): on 800 real photos the first 256 records took 707 us per image with the
-# crops of seed 0 and 729-750 with seeds 1-3 (6% apart), all 800 729-747 (2.5%) (docs/loader.md, "The floors on
-# as many crops as the paths")
+# round does (30 batches of 64 = 1,920), not a few whose luck sets the ceiling (docs/loader.md, "The floors on as
+# many crops as the paths")
 FLOOR_RECORDS = 1024
 FLOOR_BYTES = 64 << 20
 FLOOR_CROPS = 2048
 
 
 def floor_records(ds) -> list[bytes]:
-    """The encoded records the floors time: ``ds``'s first ``FLOOR_RECORDS``, fewer past ``FLOOR_BYTES`` (at least one)."""
+    """The encoded records the floors time: ``ds``'s first ``FLOOR_RECORDS``, fewer past ``FLOOR_BYTES`` (at least one).
+
+    Raises:
+        ValueError: the store holds no records (nothing to time).
+    """
+    if len(ds) == 0:
+        raise ValueError(f"{getattr(ds, 'root', ds)}: the store holds no records, so it has no floors to time")
     blobs: list[bytes] = []
     total = 0
     for i in range(min(len(ds), FLOOR_RECORDS)):
@@ -411,6 +417,11 @@ def floor_records(ds) -> list[bytes]:
         blobs.append(ds.get_bytes(i))
         total += len(blobs[-1])
     return blobs
+
+
+def floor_crops(records: list[bytes]) -> list[bytes]:
+    """``records`` cycled to ``FLOOR_CROPS`` items (all of them when there are more): one crop is drawn per item."""
+    return [records[k % len(records)] for k in range(max(len(records), FLOOR_CROPS))]
 
 
 def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
@@ -452,8 +463,7 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
 
     ds = LMDBImageDataset(store)
     tf = train_transform(size, channels_last=channels_last)
-    records = floor_records(ds)
-    blobs = [records[k % len(records)] for k in range(max(len(records), FLOOR_CROPS))]
+    blobs = floor_crops(floor_records(ds))
     g = torch.Generator().manual_seed(0)
     drawn = [tf.draw(b, g) for b in blobs]
     fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -75,7 +75,7 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
 @click.option("--floor-seconds", type=click.FloatRange(min=0, min_open=True),
               default=Default(LOADER, "floor_seconds"), show_default=True,
               help="Seconds each floor loop (decode alone, the preset's work, normalise) runs in every round, "
-                   "at least one pass over its 2,048 crops of the store's first 1,024 records.")
+                   "at least (the decode and preset loops run whole passes over the floors' crops).")
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
               help="Also time a store packed with --max-side N (different data: labelled so).")
 @click.option("--reduced-encoding", type=click.Choice(["jpeg", "raw", "auto"]),

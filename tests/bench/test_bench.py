@@ -403,6 +403,9 @@ def test_the_floors_time_as_many_crops_as_a_round_of_a_path_over_the_stores_firs
     assert bl.floor_records(ds) == [ds.get_bytes(i) for i in range(3)]
     monkeypatch.setattr(bl, "FLOOR_BYTES", 1)
     assert bl.floor_records(ds) == [ds.get_bytes(0)]  # never none
+    empty = type("Empty", (), {"__len__": lambda self: 0, "root": "/data/empty.lmdb"})()
+    with pytest.raises(ValueError, match="empty.lmdb: the store holds no records"):
+        bl.floor_records(empty)
 
     monkeypatch.setattr(bl, "FLOOR_RECORDS", 4)
     monkeypatch.setattr(bl, "FLOOR_BYTES", 1 << 30)
@@ -417,9 +420,10 @@ def test_the_floors_time_as_many_crops_as_a_round_of_a_path_over_the_stores_firs
     monkeypatch.setattr(TrainTransform, "decode_crop", spy)
     bl.store_floors(tiny_store, 32, 4, seconds=0.0, rounds=1)
     first = [ds.get_bytes(i) for i in range(4)]
-    # the warm-up (for each of the 3 arms, 8 crops decoded, then made by from_bytes, which decodes them again),
-    # then the decode floor's one pass over the 10 crops
-    decode_pass = decoded[3 * 8 * 2:3 * 8 * 2 + 10]
+    # one round runs the decode floor's pass over the 10 crops, then the preset floor's (whose from_bytes decodes
+    # the same crops), then the normalisation
+    decode_pass, preset_pass = decoded[-20:-10], decoded[-10:]
     assert [d for d, _ in decode_pass] == [first[k % 4] for k in range(10)]
+    assert preset_pass == decode_pass  # the two floors time the same records with the same crops
     boxes = [drawn for _, drawn in decode_pass]
     assert boxes[0] != boxes[4] or boxes[1] != boxes[5]  # a record's second crop is drawn afresh
