@@ -44,7 +44,11 @@ resize, flip), with the preset/decode ratio per round; and **normalisation per b
 buffer as ``DevicePrefetcher`` writes it). The ceiling every path is reported against ("of
 ceiling", what the pipeline costs beyond the work every path must do) is, per core, the
 preset's whole work plus the normalisation of its image (normalised float batches), or the
-preset's work alone (``uint8`` batches), times the worker count; the decode floor times the
+preset's work alone (``uint8`` batches), times the worker count. With two or more workers the
+preset's loop also runs in as many processes at once (``PresetProcesses``, an arm of every round:
+cores busy together slow each other down, so n times one core alone is a ceiling no path can
+reach), and the ceiling takes each process's rate there instead of one core's alone; the old
+ceiling stays beside it ("of n x 1 core"). The decode floor times the
 workers is the other column ("of decode", what preset and pipeline cost beyond the decode). "Of
 ceiling" is the median over the rounds of each round's fraction, with their spread. A
 reduced-resolution store has its own floors (it is different data; its ratio to
@@ -55,6 +59,7 @@ Must not: assert on timings.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import statistics
@@ -73,7 +78,8 @@ from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
-           "store_floors", "floor_records", "floor_crops", "FLOOR_RECORDS", "FLOOR_BYTES", "FLOOR_CROPS", "ALL_PATHS"]
+           "store_floors", "floor_records", "floor_crops", "PresetProcesses", "FLOOR_RECORDS", "FLOOR_BYTES",
+           "FLOOR_CROPS", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,6 +154,8 @@ class PathResult:
     decode_floor_per_core: float | None = None
     #: per round: images/s over that round's ceiling (the floors measured in the same round)
     ceiling_fractions: list[float] = field(default_factory=list)
+    #: per round: images/s over one core's ceiling in that round times the workers (the ceiling before 2026-12-07)
+    one_core_fractions: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,6 +168,9 @@ class Floors:
     normalise_ms: float  # one uint8 batch to normalised float32 (``fastload.normalize``, reused out), one thread
     batch_size: int
     preset_over_decode: tuple[float, float, float]
+    #: images/s of ``together`` processes running the preset's loop at once, all of them (None: not measured)
+    preset_together: float | None = None
+    together: int = 1
 
     @property
     def decode_us(self) -> float:
@@ -179,15 +190,37 @@ class Floors:
         normalisation unless the batches stay ``uint8``."""
         return self.preset_per_core if uint8 else 1e6 / (self.preset_us + self.normalise_us)
 
+    @property
+    def together_share(self) -> float | None:
+        """The ``together`` processes at once against ``together`` x one alone (None: not measured)."""
+        if self.preset_together is None:
+            return None
+        return self.preset_together / (self.together * self.preset_per_core)
+
+    def ceiling(self, uint8: bool, workers: int) -> float:
+        """Images/s ``workers`` cores' worth of processes can make of the work every path must do.
+
+        With the preset's loop measured in that many processes at once (``preset_together``), each
+        process's rate there, plus the normalisation of its image unless the batches stay ``uint8``;
+        else one core's ``ceiling_per_core`` times them (a core that does not slow the other down).
+        """
+        n = max(1, workers)
+        if self.preset_together is None or self.together != n:
+            return self.ceiling_per_core(uint8) * n
+        per = self.preset_together / n
+        return n * (per if uint8 else 1e6 / (1e6 / per + self.normalise_us))
+
     @staticmethod
     def combine(rounds: list[Floors]) -> Floors:
         """The floors of several rounds: the median of each, and the spread of the per-round cost ratios."""
         med = statistics.median
         ratios = sorted(f.preset_over_decode[1] for f in rounds)
+        together = [f.preset_together for f in rounds if f.preset_together is not None]
         return Floors(decode_per_core=med(f.decode_per_core for f in rounds),
                       preset_per_core=med(f.preset_per_core for f in rounds),
                       normalise_ms=med(f.normalise_ms for f in rounds), batch_size=rounds[0].batch_size,
-                      preset_over_decode=(ratios[0], med(ratios), ratios[-1]))
+                      preset_over_decode=(ratios[0], med(ratios), ratios[-1]),
+                      preset_together=med(together) if together else None, together=rounds[0].together)
 
 
 @dataclass
@@ -204,7 +237,15 @@ class LoaderBench:
 
     @property
     def ceiling(self) -> float | None:
+        """Of the full-resolution store: ``Floors.ceiling`` (the preset's loop in as many processes at once as
+        there are workers, when measured), from the medians of the floors."""
+        if self.floors is not None:
+            return self.floors.ceiling(self.options.uint8, self.options.workers)
         return self.ceiling_per_core * max(1, self.options.workers) if self.ceiling_per_core else None
+
+    @property
+    def _together(self) -> bool:
+        return self.floors is not None and self.floors.preset_together is not None
 
     def _of_ceiling(self, r: PathResult) -> float | None:
         """The median over the rounds of images/s over the ceiling measured in the same round."""
@@ -228,7 +269,7 @@ class LoaderBench:
         lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, {out}, median of {o.rounds} rounds "
                  f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"
-                 f"{'(per round)':>13}{'of decode':>11}"]
+                 f"{'(per round)':>13}{'of decode':>11}" + (f"{'of n x 1 core':>15}" if self._together else "")]
         for r in self.results:
             if r.images_per_s is None:
                 lines.append(f"{r.name:<{w}}{'skipped':>10}  {r.skipped}")
@@ -241,9 +282,11 @@ class LoaderBench:
             mark = "†" if r.name.startswith("fastload (threads, max-side") else " "
             fr = r.ceiling_fractions
             per = f"{min(fr):.0%}-{max(fr):.0%}" if fr else "-"
+            one = (f"{statistics.median(r.one_core_fractions):>14.0%}{mark}" if r.one_core_fractions else f"{'-':>15}") \
+                if self._together else ""
             lines.append((f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
                           + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}") + f"{per:>13}"
-                          + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}")).rstrip())
+                          + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}") + one).rstrip())
         f = self.floors
         if f is not None:
             lo, mid, hi = f.preset_over_decode
@@ -253,12 +296,19 @@ class LoaderBench:
                          f"the preset uses); the preset's whole work {f.preset_per_core:.0f} images/s "
                          f"({f.preset_us:.0f} us/image) = {mid:.2f}x the decode (per round {lo:.2f}-{hi:.2f}x); "
                          f"normalise a batch of {f.batch_size}: {f.normalise_ms:.2f} ms ({f.normalise_us:.0f} us/image)")
+            if f.preset_together is not None:
+                lines.append(f"the preset's loop in {f.together} processes at once (the workers' count), measured in "
+                             f"every round: {f.preset_together:.0f} images/s together = {f.together_share:.0%} of "
+                             f"{f.together} x one alone (median)")
         if self.ceiling_per_core:
             what = "the preset floor" if o.uint8 else "the preset's work + normalising its image"
-            lines.append(f"ceiling: {what}, {self.ceiling_per_core:.0f} images/s per core x "
-                         f"{max(1, o.workers)} = {self.ceiling:.0f} (median); 'of ceiling' is the median over the "
-                         "rounds of each round's images/s against that round's ceiling; 'of decode': against the "
-                         f"decode floor x {max(1, o.workers)}")
+            n = max(1, o.workers)
+            how = (f"{what}, in {n} processes at once: {self.ceiling:.0f} images/s (one core alone: "
+                   f"{self.ceiling_per_core:.0f} x {n} = {self.ceiling_per_core * n:.0f}, the 'of n x 1 core' column)"
+                   if self._together else f"{what}, {self.ceiling_per_core:.0f} images/s per core x {n} = "
+                   f"{self.ceiling:.0f}")
+            lines.append(f"ceiling: {how} (medians); 'of ceiling' is the median over the rounds of each round's "
+                         f"images/s against that round's ceiling; 'of decode': against the decode floor x {n}")
         reduced = next((r for r in self.results
                         if r.name.startswith("fastload (threads, max-side") and r.ceiling_per_core),
                        None)
@@ -273,13 +323,15 @@ class LoaderBench:
                 "ceiling_per_core": self.ceiling_per_core, "ceiling": self.ceiling,
                 "floors": None if self.floors is None else {**asdict(self.floors), "decode_us": self.floors.decode_us,
                                                             "preset_us": self.floors.preset_us,
-                                                            "normalise_us": self.floors.normalise_us},
+                                                            "normalise_us": self.floors.normalise_us,
+                                                            "together_share": self.floors.together_share},
                 "paths": [{"name": r.name, "images_per_s": r.images_per_s, "rounds": r.rounds,
                            "round_order": r.order, "round_ratios": r.round_ratios,
                            "ratio": (r.images_per_s / self.baseline) if r.images_per_s and self.baseline else None,
                            "ceiling_per_core": r.ceiling_per_core,
                            "fraction_of_ceiling": self._of_ceiling(r),
                            "round_fractions_of_ceiling": r.ceiling_fractions,
+                           "round_fractions_of_one_core_ceiling": r.one_core_fractions,
                            "decode_floor_per_core": r.decode_floor_per_core,
                            "fraction_of_decode_floor": self._of_decode(r),
                            "skipped": r.skipped} for r in self.results]}
@@ -424,6 +476,115 @@ def floor_crops(records: list[bytes]) -> list[bytes]:
     return [records[k % len(records)] for k in range(max(len(records), FLOOR_CROPS))]
 
 
+def _preset_process(store: str, size: int, channels_last: bool, conn) -> None:
+    """One of ``PresetProcesses``: the preset floor's loop over ``floor_crops``, each time the bench asks."""
+    try:
+        import torch
+
+        from fastload.load.dataset import LMDBImageDataset
+        from fastload.load.transforms import train_transform
+
+        tf = train_transform(size, channels_last=channels_last)
+        blobs = floor_crops(floor_records(LMDBImageDataset(store)))
+        g = torch.Generator()
+        with one_torch_thread():
+            for b in blobs[:8]:  # warm up: the decoders' first calls
+                tf.from_bytes(b, g)
+            conn.send(("ready", 0.0))
+            while (seconds := conn.recv()) is not None:
+                n, t0 = 0, time.perf_counter()
+                while n == 0 or time.perf_counter() - t0 < seconds:
+                    g.manual_seed(0)  # every pass draws the crops the one-thread preset floor draws
+                    for b in blobs:
+                        tf.from_bytes(b, g)
+                    n += len(blobs)
+                conn.send(("rate", n / (time.perf_counter() - t0)))
+    except (EOFError, KeyboardInterrupt):  # the bench is gone or interrupted: nothing to report to
+        return
+    except BaseException as exc:  # noqa: BLE001 - reported to the bench, which raises it by name
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class PresetProcesses:
+    """``n`` processes that run the preset floor's loop at once, when asked (``rate``).
+
+    A path's ``n`` workers run on ``n`` cores at once, and cores running at once slow each other
+    down (shared caches and memory bandwidth, clocks, a virtual machine's host): ``n`` times one
+    core alone is a ceiling no path can reach. Each process runs the one-thread preset floor's
+    loop (``floor_crops`` of ``store``, the same crops each pass) under the bench's CPU affinity, so
+    ``rate`` is what ``n`` processes doing only the preset's work make together. Between calls they
+    wait on a pipe, using no CPU, so they can stay up while the paths are timed.
+
+    Raises:
+        RuntimeError: a process could not start its loop (the message names the store and why).
+    """
+
+    def __init__(self, store: Path, size: int, n: int, *, channels_last: bool = False) -> None:
+        import multiprocessing as mp
+
+        # not forked from the bench (LMDB refuses to open an environment a forked process inherited open), but from
+        # a fork server that imported this module once: torch is imported once, not once per process and bench
+        if "forkserver" in mp.get_all_start_methods():
+            ctx = mp.get_context("forkserver")
+            ctx.set_forkserver_preload([__name__])
+        else:
+            ctx = mp.get_context("spawn")
+        self.store, self.n = Path(store), n
+        self._conns, self._procs = [], []
+        try:
+            for _ in range(n):
+                ours, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_preset_process, args=(str(store), size, channels_last, theirs),
+                                   name="fastload-bench-preset-floor", daemon=True)
+                proc.start()
+                theirs.close()
+                self._conns.append(ours)
+                self._procs.append(proc)
+            self._replies()
+        except BaseException:
+            self.close()
+            raise
+
+    def _replies(self) -> list[float]:
+        out = []
+        for conn in self._conns:
+            try:
+                kind, value = conn.recv()
+            except EOFError:
+                kind, value = "error", "the process exited without a word"
+            if kind == "error":
+                raise RuntimeError(f"{self.store}: the preset floor's process failed: {value}")
+            out.append(value)
+        return out
+
+    def rate(self, seconds: float) -> float:
+        """Images/s of the ``n`` loops run at once, each for at least ``seconds`` in whole passes: their sum."""
+        for conn in self._conns:
+            conn.send(seconds)
+        return float(sum(self._replies()))
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self._procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs = [], []
+
+    def __enter__(self) -> PresetProcesses:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
     """Images/s of a tight ``train_transform(size).from_bytes`` loop, one thread, over ``floor_records``."""
     from fastload.load.dataset import LMDBImageDataset
@@ -444,7 +605,7 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
 
 
 def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.0, rounds: int = 3,
-                 channels_last: bool = False) -> Floors:
+                 channels_last: bool = False, together: PresetProcesses | None = None) -> Floors:
     """The floors per core of ``store`` (``Floors``): tight one-thread loops, in interleaved rounds.
 
     The records are ``floor_records`` (the store's first ``FLOOR_RECORDS``), cycled to ``FLOOR_CROPS``
@@ -454,7 +615,8 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
     ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
     case once a batch is dropped: no fresh pages to fault in). ``channels_last``: the preset with
-    ``channels_last=True``, the batch and its output channels-last.
+    ``channels_last=True``, the batch and its output channels-last. ``together``: also the preset's loop
+    in its processes at once, as another arm of the rounds (``Floors.preset_together``).
     """
     import torch
 
@@ -489,6 +651,8 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
         "preset": lambda: loop(lambda k: tf.from_bytes(blobs[k], same(k)), len(blobs)),
         "normalise": lambda: loop(lambda k: normalize(batch, channels_last=channels_last, out=out), 1),
     }
+    if together is not None:
+        arms["together"] = lambda: together.rate(seconds)
     with one_torch_thread():
         for name in arms:  # warm up: the decoders' first calls, numpy's first large allocation
             for b, d in zip(blobs[:8], drawn[:8]):
@@ -500,7 +664,9 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     ratios = sorted(d / p for d, p in zip(dec.values, pre.values))  # decode rate / preset rate = cost ratio
     return Floors(decode_per_core=dec.median(), preset_per_core=pre.median(),
                   normalise_ms=1e3 / res["normalise"].median(), batch_size=batch_size,
-                  preset_over_decode=(ratios[0], ratios[len(ratios) // 2], ratios[-1]))
+                  preset_over_decode=(ratios[0], ratios[len(ratios) // 2], ratios[-1]),
+                  preset_together=res["together"].median() if together is not None else None,
+                  together=together.n if together is not None else 1)
 
 
 ALL_PATHS = ("torchvision", "fastload", "fastload-threads", "fastload-reduced", "webdataset", "dali-cpu", "spdl",
@@ -611,12 +777,19 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         # held to the ceiling measured in its own round, not to one measured before or after all of them
         floor_arms = {f"floors {p}": p for p in dict.fromkeys(stores.values())}
         order += list(floor_arms)
+        # with n workers, the preset's loop also runs in n processes at once: the ceiling of n cores busy together
+        together: dict[Path, PresetProcesses] = {}
+        procs = contextlib.ExitStack()
 
         def measure(name: str, k: int) -> float | Floors | None:
             pbar.update()
             if name in floor_arms:
-                return store_floors(floor_arms[name], o.image_size, o.batch_size, seconds=o.floor_seconds, rounds=1,
-                                    channels_last=o.channels_last)
+                path = floor_arms[name]
+                if o.workers > 1 and path not in together:
+                    together[path] = procs.enter_context(PresetProcesses(path, o.image_size, o.workers,
+                                                                         channels_last=o.channels_last))
+                return store_floors(path, o.image_size, o.batch_size, seconds=o.floor_seconds, rounds=1,
+                                    channels_last=o.channels_last, together=together.get(path))
             if results[name].skipped:
                 return None
             try:
@@ -626,7 +799,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                 results[name].skipped = _reason(exc)
                 return None
 
-        with bar(total=o.rounds * len(order), desc="bench loader", disable=not progress) as pbar:
+        with procs, bar(total=o.rounds * len(order), desc="bench loader", disable=not progress) as pbar:
             arms = interleave(order, o.rounds, measure)
         ordered = []
         base = arms.get("torchvision") if "torchvision" in arms and not results["torchvision"].skipped else None
@@ -650,8 +823,10 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
             r.ceiling_per_core = floors[path].ceiling_per_core(o.uint8)
             r.decode_floor_per_core = floors[path].decode_per_core
             by_round = dict(zip(arms[f"floors {path}"].rounds, arms[f"floors {path}"].values))
-            r.ceiling_fractions = [v / (by_round[k].ceiling_per_core(o.uint8) * max(1, o.workers))
+            r.ceiling_fractions = [v / by_round[k].ceiling(o.uint8, o.workers)
                                    for v, k in zip(r.rounds, r.order) if k in by_round]
+            r.one_core_fractions = [v / (by_round[k].ceiling_per_core(o.uint8) * max(1, o.workers))
+                                    for v, k in zip(r.rounds, r.order) if k in by_round]
     full_floors = floors.get(store)
     return LoaderBench(o, ordered, full_floors.ceiling_per_core(o.uint8) if full_floors else None, environment(),
                        full_floors)

@@ -74,8 +74,9 @@ def bench_convert_cmd(data: Path | None, workers, json_out: Path | None, engines
               help="Interleaved rounds (path order rotated each round); the median is reported.")
 @click.option("--floor-seconds", type=click.FloatRange(min=0, min_open=True),
               default=Default(LOADER, "floor_seconds"), show_default=True,
-              help="Seconds each floor loop (decode alone, the preset's work, normalise) runs in every round, "
-                   "at least (the decode and preset loops run whole passes over the floors' crops).")
+              help="Seconds each floor loop (decode alone, the preset's work, normalise; with 2+ workers also the "
+                   "preset's work in --workers processes at once, the ceiling) runs in every round, at least (the "
+                   "decode and preset loops run whole passes over the floors' crops).")
 @click.option("--max-side", type=click.IntRange(min=8), default=None,
               help="Also time a store packed with --max-side N (different data: labelled so).")
 @click.option("--reduced-encoding", type=click.Choice(["jpeg", "raw", "auto"]),

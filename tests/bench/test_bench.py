@@ -427,3 +427,64 @@ def test_the_floors_time_as_many_crops_as_a_round_of_a_path_over_the_stores_firs
     assert preset_pass == decode_pass  # the two floors time the same records with the same crops
     boxes = [drawn for _, drawn in decode_pass]
     assert boxes[0] != boxes[4] or boxes[1] != boxes[5]  # a record's second crop is drawn afresh
+
+
+def test_the_ceiling_of_n_workers_is_the_preset_in_n_processes_at_once_when_measured():
+    """Cores busy together slow each other down (two processes at once made 94-97% of twice one alone on the
+    2-core Xeons): with the preset's loop measured in as many processes at once as there are workers, the ceiling
+    is their rate, each process's share plus the normalisation of its image for float batches; without it (one
+    worker, or another count), one core alone times the workers, as before."""
+    from fastload.bench.loader import Floors
+
+    alone = Floors(decode_per_core=2000.0, preset_per_core=1000.0, normalise_ms=6.4, batch_size=64,
+                   preset_over_decode=(2.0, 2.0, 2.0))
+    assert alone.ceiling(True, 2) == 2000.0 and alone.together_share is None
+    assert alone.ceiling(False, 2) == pytest.approx(2 * 1e6 / (1000 + 100))
+    assert alone.ceiling(True, 0) == 1000.0  # loading in the main process: one core
+    at_once = Floors(decode_per_core=2000.0, preset_per_core=1000.0, normalise_ms=6.4, batch_size=64,
+                     preset_over_decode=(2.0, 2.0, 2.0), preset_together=1900.0, together=2)
+    assert at_once.together_share == pytest.approx(0.95)
+    assert at_once.ceiling(True, 2) == pytest.approx(1900.0)
+    assert at_once.ceiling(False, 2) == pytest.approx(2 * 1e6 / (1e6 / 950 + 100))
+    assert at_once.ceiling(True, 3) == 3000.0  # measured for 2: not used for 3
+    assert at_once.ceiling_per_core(True) == 1000.0  # one core alone is still reported
+    rounds = [at_once, Floors(decode_per_core=2000.0, preset_per_core=1000.0, normalise_ms=6.4, batch_size=64,
+                              preset_over_decode=(2.0, 2.0, 2.0), preset_together=1700.0, together=2),
+              Floors(decode_per_core=2000.0, preset_per_core=1000.0, normalise_ms=6.4, batch_size=64,
+                     preset_over_decode=(2.0, 2.0, 2.0), preset_together=1800.0, together=2)]
+    both = Floors.combine(rounds)
+    assert both.preset_together == 1800.0 and both.together == 2
+
+
+def test_preset_processes_run_the_preset_floor_at_once_and_name_a_store_they_cannot_read(tiny_store, tmp_path):
+    import fastload.bench.loader as bl
+
+    with bl.PresetProcesses(tiny_store, 32, 2) as group:
+        children = {p.pid for p in multiprocessing.active_children()}
+        assert len(children) >= 2
+        assert group.rate(0.05) > 0 and group.rate(0.05) > 0  # asked again: the same processes, still waiting
+        f = bl.store_floors(tiny_store, 32, 4, seconds=0.05, rounds=2, together=group)
+    assert f.together == 2 and f.preset_together > 0 and f.together_share > 0
+    assert not children & {p.pid for p in multiprocessing.active_children()}  # closed: gone
+    with pytest.raises(RuntimeError, match="missing.lmdb: the preset floor's process failed"):
+        bl.PresetProcesses(tmp_path / "missing.lmdb", 32, 1)
+    assert not multiprocessing.active_children()
+
+
+def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(tiny_tree, monkeypatch):
+    import fastload.bench.loader as bl
+
+    rates = iter([1000.0, 1500.0])  # round 0, round 1: the two processes together
+    monkeypatch.setattr(bl.PresetProcesses, "rate", lambda self, seconds: next(rates))
+    opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, floor_seconds=0.05,
+                                 rounds=2, paths=("fastload-threads",), uint8=True)
+    bench = bl.bench_loader(tiny_tree, options=opts, progress=False)
+    r = bench.results[0]
+    assert not multiprocessing.active_children()  # the floor's processes are closed with the bench
+    by_round = dict(zip(r.order, r.rounds))
+    assert r.ceiling_fractions == pytest.approx([by_round[0] / 1000.0, by_round[1] / 1500.0])
+    assert len(r.one_core_fractions) == 2 and r.one_core_fractions != r.ceiling_fractions
+    assert bench.floors.preset_together == 1250.0 and bench.ceiling == 1250.0
+    table = bench.table()
+    assert "of n x 1 core" in table and "in 2 processes at once: 1250 images/s" in table
+    assert bench.to_json()["paths"][0]["round_fractions_of_one_core_ceiling"] == r.one_core_fractions
