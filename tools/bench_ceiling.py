@@ -7,7 +7,9 @@
 ``train_transform(size).from_bytes`` loop (``single_core_ceiling``) times the workers (with
 float batches, plus normalising each image: ``Floors.ceiling_per_core``). That
 is only a fair ceiling if the cores do not slow each other down (shared caches, memory
-bandwidth, turbo clocks). This runs the same loop in one process alone, then in two
+bandwidth, turbo clocks); since 2026-12-07 the bench measures the loop in as many processes at
+once as it has workers in every round and holds the paths to that (``PresetProcesses``,
+``Floors.ceiling``). This runs the same loop in one process alone, then in two
 processes at once, then in two threads of one process (the thread pipeline's situation:
 the decoders release the GIL), in rounds, and prints each as a share of twice the lone
 figure. Then it prints the store's two floors per core and normalisation per batch
