@@ -49,7 +49,8 @@ preset's loop also runs in as many processes at once (``PresetProcesses``, an ar
 cores busy together slow each other down, so n times one core alone is a ceiling no path can
 reach), and the ceiling takes each process's rate there instead of one core's alone; the old
 ceiling stays beside it ("of n x 1 core"). The decode floor times the
-workers is the other column ("of decode", what preset and pipeline cost beyond the decode). "Of
+workers (scaled as the preset's processes at once were, when measured) is the other column ("of
+decode", what preset and pipeline cost beyond the decode). "Of
 ceiling" is the median over the rounds of each round's fraction, with their spread. A
 reduced-resolution store has its own floors (it is different data; its ratio to
 torchvision compares against the original files, which is the choice a user has).
@@ -156,6 +157,8 @@ class PathResult:
     ceiling_fractions: list[float] = field(default_factory=list)
     #: per round: images/s over one core's ceiling in that round times the workers (the ceiling before 2026-12-07)
     one_core_fractions: list[float] = field(default_factory=list)
+    #: of the store it reads: the preset's loop in n processes at once over n x one alone (``Floors.together_share``)
+    together_share: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -256,7 +259,8 @@ class LoaderBench:
     def _of_decode(self, r: PathResult) -> float | None:
         if r.images_per_s is None or r.decode_floor_per_core is None:
             return None
-        return r.images_per_s / (r.decode_floor_per_core * max(1, self.options.workers))
+        # n cores at once: as much slower than n x one alone as the preset's processes at once were
+        return r.images_per_s / (r.decode_floor_per_core * max(1, self.options.workers) * (r.together_share or 1.0))
 
     def table(self) -> str:
         o = self.options
@@ -307,8 +311,10 @@ class LoaderBench:
                    f"{self.ceiling_per_core:.0f} x {n} = {self.ceiling_per_core * n:.0f}, the 'of n x 1 core' column)"
                    if self._together else f"{what}, {self.ceiling_per_core:.0f} images/s per core x {n} = "
                    f"{self.ceiling:.0f}")
+            dec = (f"the decode floor x {n} x the share the preset's processes at once made of {n} x one alone"
+                   if self._together else f"the decode floor x {n}")
             lines.append(f"ceiling: {how} (medians); 'of ceiling' is the median over the rounds of each round's "
-                         f"images/s against that round's ceiling; 'of decode': against the decode floor x {n}")
+                         f"images/s against that round's ceiling; 'of decode': against {dec}")
         reduced = next((r for r in self.results
                         if r.name.startswith("fastload (threads, max-side") and r.ceiling_per_core),
                        None)
@@ -822,6 +828,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                 continue
             r.ceiling_per_core = floors[path].ceiling_per_core(o.uint8)
             r.decode_floor_per_core = floors[path].decode_per_core
+            r.together_share = floors[path].together_share
             by_round = dict(zip(arms[f"floors {path}"].rounds, arms[f"floors {path}"].values))
             r.ceiling_fractions = [v / by_round[k].ceiling(o.uint8, o.workers)
                                    for v, k in zip(r.rounds, r.order) if k in by_round]

@@ -485,6 +485,9 @@ def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(t
     assert r.ceiling_fractions == pytest.approx([by_round[0] / 1000.0, by_round[1] / 1500.0])
     assert len(r.one_core_fractions) == 2 and r.one_core_fractions != r.ceiling_fractions
     assert bench.floors.preset_together == 1250.0 and bench.ceiling == 1250.0
+    share = 1250.0 / (2 * bench.floors.preset_per_core)
+    assert r.together_share == pytest.approx(share)  # the decode floor of 2 cores at once is scaled as the preset's
+    assert bench._of_decode(r) == pytest.approx(r.images_per_s / (2 * r.decode_floor_per_core * share))
     table = bench.table()
     assert "of n x 1 core" in table and "in 2 processes at once: 1250 images/s" in table
     assert bench.to_json()["paths"][0]["round_fractions_of_one_core_ceiling"] == r.one_core_fractions
