@@ -33,8 +33,8 @@ converted in the timed loop (``contiguous(memory_format=torch.channels_last)``, 
 a batch that already is).
 
 Two floors per core, measured on each store a path reads (``store_floors``, tight one-thread
-loops on its first records, ``FLOOR_CROPS`` crops of them: the preset's cost moves with the crop, so the
-floors average as many crops as a path's round), in every round as an arm of its own beside the paths, so each round's
+loops on its first records, as many crops of them as a path's round takes: the preset's cost moves with the
+crop, so the floors average as many crops as the paths do), in every round as an arm of its own beside the paths, so each round's
 images/s is held to the ceiling measured in that round (a shared machine's speed moves between
 minutes: in one session the preset floor moved 1,092-1,651 images/s between runs): **decode alone** (each record's crop
 decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
@@ -449,11 +449,13 @@ def _make_ffcv(beton: str, o: LoaderBenchOptions) -> BuiltStage:
     return BuiltStage("ffcv", loader, max(1, o.workers), "FFCV pipeline (NormalizeImage)")
 
 
-# the records the floors run on: the store's first FLOOR_RECORDS, fewer when they pass FLOOR_BYTES, cycled to
-# FLOOR_CROPS crops (each drawn afresh). The preset's cost per image moves with its crop (a large crop of a small
-# photo is a region decode, a small one a DCT-scaled decode), so a floor must average as many crops as a path's
-# round does (30 batches of 64 = 1,920), not a few whose luck sets the ceiling (docs/loader.md, "The floors on as
-# many crops as the paths")
+# the records the floors run on: the store's first FLOOR_RECORDS, fewer when they pass FLOOR_BYTES, cycled to as
+# many crops as a path's round takes (``bench loader``: batches x batch size, 30 x 64 = 1,920 by default;
+# FLOOR_CROPS where no round says, as in tools/bench_ceiling.py), each drawn afresh. The preset's cost per image
+# moves with its crop (a large crop of a small photo is a region decode, a small one a DCT-scaled decode), so a
+# floor must average as many crops as a path's round does, not a few whose luck sets the ceiling; and no more, or
+# a store of 20 MP photos (38 ms per image) spends minutes per round on floors for a round of seconds
+# (docs/loader.md, "The floors on as many crops as the paths")
 FLOOR_RECORDS = 1024
 FLOOR_BYTES = 64 << 20
 FLOOR_CROPS = 2048
@@ -477,12 +479,20 @@ def floor_records(ds) -> list[bytes]:
     return blobs
 
 
-def floor_crops(records: list[bytes]) -> list[bytes]:
-    """``records`` cycled to ``FLOOR_CROPS`` items (all of them when there are more): one crop is drawn per item."""
-    return [records[k % len(records)] for k in range(max(len(records), FLOOR_CROPS))]
+def floor_crops(records: list[bytes], crops: int | None = None) -> list[bytes]:
+    """``records`` cycled to ``crops`` items (default ``FLOOR_CROPS``; the first ``crops`` records when there are
+    more): one crop is drawn per item.
+
+    Raises:
+        ValueError: ``crops`` < 1.
+    """
+    crops = FLOOR_CROPS if crops is None else crops
+    if crops < 1:
+        raise ValueError(f"the floors need at least one crop, got {crops}")
+    return [records[k % len(records)] for k in range(crops)]
 
 
-def _preset_process(store: str, size: int, channels_last: bool, conn) -> None:
+def _preset_process(store: str, size: int, channels_last: bool, crops: int | None, conn) -> None:
     """One of ``PresetProcesses``: the preset floor's loop over ``floor_crops``, each time the bench asks."""
     try:
         import torch
@@ -491,7 +501,7 @@ def _preset_process(store: str, size: int, channels_last: bool, conn) -> None:
         from fastload.load.transforms import train_transform
 
         tf = train_transform(size, channels_last=channels_last)
-        blobs = floor_crops(floor_records(LMDBImageDataset(store)))
+        blobs = floor_crops(floor_records(LMDBImageDataset(store)), crops)
         g = torch.Generator()
         with one_torch_thread():
             for b in blobs[:8]:  # warm up: the decoders' first calls
@@ -525,7 +535,8 @@ class PresetProcesses:
         RuntimeError: a process could not start its loop (the message names the store and why).
     """
 
-    def __init__(self, store: Path, size: int, n: int, *, channels_last: bool = False) -> None:
+    def __init__(self, store: Path, size: int, n: int, *, channels_last: bool = False,
+                 crops: int | None = None) -> None:
         import multiprocessing as mp
 
         # not forked from the bench (LMDB refuses to open an environment a forked process inherited open), but from
@@ -540,7 +551,7 @@ class PresetProcesses:
         try:
             for _ in range(n):
                 ours, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_preset_process, args=(str(store), size, channels_last, theirs),
+                proc = ctx.Process(target=_preset_process, args=(str(store), size, channels_last, crops, theirs),
                                    name="fastload-bench-preset-floor", daemon=True)
                 proc.start()
                 theirs.close()
@@ -611,12 +622,13 @@ def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
 
 
 def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.0, rounds: int = 3,
-                 channels_last: bool = False, together: PresetProcesses | None = None) -> Floors:
+                 channels_last: bool = False, together: PresetProcesses | None = None,
+                 crops: int | None = None) -> Floors:
     """The floors per core of ``store`` (``Floors``): tight one-thread loops, in interleaved rounds.
 
-    The records are ``floor_records`` (the store's first ``FLOOR_RECORDS``), cycled to ``FLOOR_CROPS``
-    crops, each drawn afresh: as many crops as a path's round takes, so the floor is not set by the
-    luck of a few. Decode alone decodes each crop ``train_transform(size)`` draws (drawn once
+    The records are ``floor_records`` (the store's first ``FLOOR_RECORDS``), cycled to ``crops``
+    crops (default ``FLOOR_CROPS``; ``bench loader`` passes a path's round, batches x batch size), each
+    drawn afresh, so the floor is not set by the luck of a few. Decode alone decodes each crop ``train_transform(size)`` draws (drawn once
     beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
     floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
     ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
@@ -631,7 +643,7 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
 
     ds = LMDBImageDataset(store)
     tf = train_transform(size, channels_last=channels_last)
-    blobs = floor_crops(floor_records(ds))
+    blobs = floor_crops(floor_records(ds), crops)
     g = torch.Generator().manual_seed(0)
     drawn = [tf.draw(b, g) for b in blobs]
     fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -785,6 +797,7 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
         order += list(floor_arms)
         # with n workers, the preset's loop also runs in n processes at once: the ceiling of n cores busy together
         together: dict[Path, PresetProcesses] = {}
+        crops = o.batches * o.batch_size  # the floors time as many crops as a path's round
         procs = contextlib.ExitStack()
 
         def measure(name: str, k: int) -> float | Floors | None:
@@ -793,9 +806,9 @@ def bench_loader(data: str | Path, *, store: str | Path | None = None,
                 path = floor_arms[name]
                 if o.workers > 1 and path not in together:
                     together[path] = procs.enter_context(PresetProcesses(path, o.image_size, o.workers,
-                                                                         channels_last=o.channels_last))
+                                                                         channels_last=o.channels_last, crops=crops))
                 return store_floors(path, o.image_size, o.batch_size, seconds=o.floor_seconds, rounds=1,
-                                    channels_last=o.channels_last, together=together.get(path))
+                                    channels_last=o.channels_last, together=together.get(path), crops=crops)
             if results[name].skipped:
                 return None
             try:

@@ -476,6 +476,8 @@ def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(t
 
     rates = iter([1000.0, 1500.0])  # round 0, round 1: the two processes together
     monkeypatch.setattr(bl.PresetProcesses, "rate", lambda self, seconds: next(rates))
+    sizes, real_crops = [], bl.floor_crops
+    monkeypatch.setattr(bl, "floor_crops", lambda records, crops=None: sizes.append(crops) or real_crops(records, crops))
     opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, floor_seconds=0.05,
                                  rounds=2, paths=("fastload-threads",), uint8=True)
     bench = bl.bench_loader(tiny_tree, options=opts, progress=False)
@@ -491,3 +493,17 @@ def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(t
     table = bench.table()
     assert "of n x 1 core" in table and "in 2 processes at once: 1250 images/s" in table
     assert bench.to_json()["paths"][0]["round_fractions_of_one_core_ceiling"] == r.one_core_fractions
+    assert sizes == [2 * 4, 2 * 4]  # each round's floors time as many crops as a path's round: 2 batches of 4
+
+
+def test_the_floors_take_as_many_crops_as_asked_from_the_first_records():
+    """A store of 20 MP photos costs 38 ms per image in the preset: floors of 2,048 crops for a round of 64 images
+    (--batches 4 --batch-size 16) spent minutes per round; bench loader now asks for a round's worth."""
+    import fastload.bench.loader as bl
+
+    records = [b"r0", b"r1", b"r2"]
+    assert bl.floor_crops(records, 7) == [b"r0", b"r1", b"r2", b"r0", b"r1", b"r2", b"r0"]
+    assert bl.floor_crops(records, 2) == [b"r0", b"r1"]
+    assert len(bl.floor_crops(records)) == bl.FLOOR_CROPS
+    with pytest.raises(ValueError, match="at least one crop"):
+        bl.floor_crops(records, 0)
