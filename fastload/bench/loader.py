@@ -535,6 +535,9 @@ class PresetProcesses:
         RuntimeError: a process could not start its loop (the message names the store and why).
     """
 
+    #: seconds to wait for a process's answer (a start, or one rate): a hung process fails the bench by name
+    TIMEOUT = 900
+
     def __init__(self, store: Path, size: int, n: int, *, channels_last: bool = False,
                  crops: int | None = None) -> None:
         import multiprocessing as mp
@@ -566,6 +569,8 @@ class PresetProcesses:
         out = []
         for conn in self._conns:
             try:
+                if not conn.poll(self.TIMEOUT):
+                    raise RuntimeError(f"{self.store}: the preset floor's process gave no answer in {self.TIMEOUT} s")
                 kind, value = conn.recv()
             except EOFError:
                 kind, value = "error", "the process exited without a word"

@@ -469,6 +469,11 @@ def test_preset_processes_run_the_preset_floor_at_once_and_name_a_store_they_can
     with pytest.raises(RuntimeError, match="missing.lmdb: the preset floor's process failed"):
         bl.PresetProcesses(tmp_path / "missing.lmdb", 32, 1)
     assert not multiprocessing.active_children()
+    with bl.PresetProcesses(tiny_store, 32, 1) as group:
+        group.TIMEOUT = 0.01  # a loop that does not answer in time fails by name instead of hanging the bench
+        with pytest.raises(RuntimeError, match="tiny.lmdb: the preset floor's process gave no answer in 0.01 s"):
+            group.rate(1.0)
+    assert not multiprocessing.active_children()
 
 
 def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(tiny_tree, monkeypatch):
