@@ -79,8 +79,8 @@ from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
-           "store_floors", "floor_records", "floor_crops", "PresetProcesses", "FLOOR_RECORDS", "FLOOR_BYTES",
-           "FLOOR_CROPS", "ALL_PATHS"]
+           "store_floors", "floor_records", "floor_crops", "PresetProcesses", "together_rate", "FLOOR_RECORDS",
+           "FLOOR_BYTES", "FLOOR_CROPS", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -303,7 +303,7 @@ class LoaderBench:
             if f.preset_together is not None:
                 lines.append(f"the preset's loop in {f.together} processes at once (the workers' count), measured in "
                              f"every round: {f.preset_together:.0f} images/s together = {f.together_share:.0%} of "
-                             f"{f.together} x one alone (median)")
+                             f"{f.together} x one alone (the medians' ratio)")
         if self.ceiling_per_core:
             what = "the preset floor" if o.uint8 else "the preset's work + normalising its image"
             n = max(1, o.workers)
@@ -493,7 +493,10 @@ def floor_crops(records: list[bytes], crops: int | None = None) -> list[bytes]:
 
 
 def _preset_process(store: str, size: int, channels_last: bool, crops: int | None, conn) -> None:
-    """One of ``PresetProcesses``: the preset floor's loop over ``floor_crops``, each time the bench asks."""
+    """One of ``PresetProcesses``: the preset floor's loop over ``floor_crops``, each time the bench asks.
+
+    Answers ``(images, start, end)`` on the system-wide monotonic clock, so the bench can hold all the
+    processes' images to one window."""
     try:
         import torch
 
@@ -506,19 +509,27 @@ def _preset_process(store: str, size: int, channels_last: bool, crops: int | Non
         with one_torch_thread():
             for b in blobs[:8]:  # warm up: the decoders' first calls
                 tf.from_bytes(b, g)
-            conn.send(("ready", 0.0))
+            conn.send(("ready", None))
             while (seconds := conn.recv()) is not None:
-                n, t0 = 0, time.perf_counter()
-                while n == 0 or time.perf_counter() - t0 < seconds:
+                n, t0 = 0, time.monotonic()
+                while n == 0 or time.monotonic() - t0 < seconds:
                     g.manual_seed(0)  # every pass draws the crops the one-thread preset floor draws
                     for b in blobs:
                         tf.from_bytes(b, g)
                     n += len(blobs)
-                conn.send(("rate", n / (time.perf_counter() - t0)))
+                conn.send(("rate", (n, t0, time.monotonic())))
     except (EOFError, KeyboardInterrupt):  # the bench is gone or interrupted: nothing to report to
         return
     except BaseException as exc:  # noqa: BLE001 - reported to the bench, which raises it by name
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def together_rate(answers: list[tuple[int, float, float]]) -> float:
+    """Images/s of processes run at once: all their images over the one window from the first start to the last end.
+
+    Not the sum of each one's rate: one that ends early leaves the others the cores for the rest of their loop,
+    and their rates then would count that time as if all were still running."""
+    return sum(n for n, _, _ in answers) / (max(e for _, _, e in answers) - min(s for _, s, _ in answers))
 
 
 class PresetProcesses:
@@ -531,22 +542,27 @@ class PresetProcesses:
     ``rate`` is what ``n`` processes doing only the preset's work make together. Between calls they
     wait on a pipe, using no CPU, so they can stay up while the paths are timed.
 
+    They are started from the fork server (``multiprocessing``'s ``forkserver``), not forked from the
+    bench: LMDB refuses to open an environment a forked process inherited open. When no fork server
+    runs yet, this module is added to its preload list, so torch is imported once, not once per
+    process. Like any process that start method makes, they import the script that called the bench:
+    a script calling ``bench_loader`` must guard its top level with ``if __name__ == "__main__":``.
+
     Raises:
-        RuntimeError: a process could not start its loop (the message names the store and why).
+        RuntimeError: a process could not start its loop, or gave no sign of life within ``TIMEOUT`` of
+            starting (the message names the store and why).
     """
 
-    #: seconds to wait for a process's answer (a start, or one rate): a hung process fails the bench by name
+    #: seconds a process may take to start (import, read the records, warm up) before the bench fails by name
     TIMEOUT = 900
 
     def __init__(self, store: Path, size: int, n: int, *, channels_last: bool = False,
                  crops: int | None = None) -> None:
         import multiprocessing as mp
 
-        # not forked from the bench (LMDB refuses to open an environment a forked process inherited open), but from
-        # a fork server that imported this module once: torch is imported once, not once per process and bench
         if "forkserver" in mp.get_all_start_methods():
             ctx = mp.get_context("forkserver")
-            ctx.set_forkserver_preload([__name__])
+            _preload_this_module()
         else:
             ctx = mp.get_context("spawn")
         self.store, self.n = Path(store), n
@@ -560,39 +576,45 @@ class PresetProcesses:
                 theirs.close()
                 self._conns.append(ours)
                 self._procs.append(proc)
-            self._replies()
+            self._replies(self.TIMEOUT)
         except BaseException:
-            self.close()
+            self.close(terminate=True)
             raise
 
-    def _replies(self) -> list[float]:
+    def _replies(self, timeout: float | None) -> list:
         out = []
-        for conn in self._conns:
+        for conn, proc in zip(self._conns, self._procs):
             try:
-                if not conn.poll(self.TIMEOUT):
-                    raise RuntimeError(f"{self.store}: the preset floor's process gave no answer in {self.TIMEOUT} s")
+                if timeout is not None and not conn.poll(timeout):
+                    raise RuntimeError(f"{self.store}: the preset floor's process did not start in {timeout:g} s")
                 kind, value = conn.recv()
             except EOFError:
-                kind, value = "error", "the process exited without a word"
+                proc.join(timeout=5)
+                kind, value = "error", (f"the process exited (code {proc.exitcode}) without a word; a script that "
+                                        "calls the bench must guard its top level with if __name__ == '__main__':")
             if kind == "error":
                 raise RuntimeError(f"{self.store}: the preset floor's process failed: {value}")
             out.append(value)
         return out
 
     def rate(self, seconds: float) -> float:
-        """Images/s of the ``n`` loops run at once, each for at least ``seconds`` in whole passes: their sum."""
+        """Images/s of the ``n`` loops run at once, each for at least ``seconds`` in whole passes
+        (``together_rate``: all their images over one window)."""
         for conn in self._conns:
             conn.send(seconds)
-        return float(sum(self._replies()))
+        return together_rate(self._replies(None))
 
-    def close(self) -> None:
+    def close(self, *, terminate: bool = False) -> None:
+        """Let the processes end (each finishes the loop it is in), or with ``terminate`` stop them now."""
         for conn in self._conns:
             try:
                 conn.send(None)
             except OSError:
                 pass
+        deadline = time.monotonic() + 30
         for proc in self._procs:
-            proc.join(timeout=10)
+            if not terminate:
+                proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.terminate()
                 proc.join()
@@ -603,8 +625,21 @@ class PresetProcesses:
     def __enter__(self) -> PresetProcesses:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(terminate=exc_type is not None)  # on an error or an interrupt: at once, not after their loops
+
+
+def _preload_this_module() -> None:
+    """Add this module to the fork server's preload list, unless a fork server already runs (then it has no
+    effect): the caller's own preload modules are kept."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return
+    mods = list(getattr(server, "_preload_modules", None) or ["__main__"])
+    if __name__ not in mods:
+        server.set_forkserver_preload(mods + [__name__])
 
 
 def single_core_ceiling(store: Path, size: int, seconds: float = 2.0) -> float:
