@@ -33,9 +33,9 @@ converted in the timed loop (``contiguous(memory_format=torch.channels_last)``, 
 a batch that already is).
 
 Two floors per core, measured on each store a path reads (``store_floors``, tight one-thread
-loops on its first records, as many crops of them as a path's round takes: the preset's cost moves with the
-crop, so the floors average as many crops as the paths do), in every round as an arm of its own beside the paths, so each round's
-images/s is held to the ceiling measured in that round (a shared machine's speed moves between
+loops on its first records, as many crops of them as a path's round takes: the preset's cost moves
+with the crop, so the floors average as many crops as the paths do), in every round as an arm of its
+own beside the paths, so each round's images/s is held to the ceiling measured in that round (a shared machine's speed moves between
 minutes: in one session the preset floor moved 1,092-1,651 images/s between runs): **decode alone** (each record's crop
 decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
 preset's whole per-image work** (``train_transform().from_bytes``: header, draws, decode,
@@ -286,8 +286,8 @@ class LoaderBench:
             mark = "†" if r.name.startswith("fastload (threads, max-side") else " "
             fr = r.ceiling_fractions
             per = f"{min(fr):.0%}-{max(fr):.0%}" if fr else "-"
-            one = (f"{statistics.median(r.one_core_fractions):>14.0%}{mark}" if r.one_core_fractions else f"{'-':>15}") \
-                if self._together else ""
+            one = "" if not self._together else (
+                f"{statistics.median(r.one_core_fractions):>14.0%}{mark}" if r.one_core_fractions else f"{'-':>15}")
             lines.append((f"{r.name:<{w}}{r.images_per_s:>10.0f}{ratio:>16}{spread:>22}"
                           + (f"{frac:>11.0%}{mark}" if frac is not None else f"{'-':>12}") + f"{per:>13}"
                           + (f"{dec:>10.0%}{mark}" if dec is not None else f"{'-':>11}") + one).rstrip())
@@ -454,7 +454,8 @@ def _make_ffcv(beton: str, o: LoaderBenchOptions) -> BuiltStage:
 # FLOOR_CROPS where no round says, as in tools/bench_ceiling.py), each drawn afresh. The preset's cost per image
 # moves with its crop (a large crop of a small photo is a region decode, a small one a DCT-scaled decode), so a
 # floor must average as many crops as a path's round does, not a few whose luck sets the ceiling; and no more, or
-# a store of 20 MP photos (38 ms per image) spends minutes per round on floors for a round of seconds
+# a store of 12 MP photos (38 ms per image for a 4000 x 3000 JPEG here) spends minutes per round on floors for a
+# round of seconds
 # (docs/loader.md, "The floors on as many crops as the paths")
 FLOOR_RECORDS = 1024
 FLOOR_BYTES = 64 << 20
@@ -668,8 +669,8 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
 
     The records are ``floor_records`` (the store's first ``FLOOR_RECORDS``), cycled to ``crops``
     crops (default ``FLOOR_CROPS``; ``bench loader`` passes a path's round, batches x batch size), each
-    drawn afresh, so the floor is not set by the luck of a few. Decode alone decodes each crop ``train_transform(size)`` draws (drawn once
-    beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
+    drawn afresh, so the floor is not set by the luck of a few. Decode alone decodes each crop
+    ``train_transform(size)`` draws (drawn once beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
     floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
     ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
     case once a batch is dropped: no fresh pages to fault in). ``channels_last``: the preset with

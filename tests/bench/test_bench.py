@@ -494,7 +494,8 @@ def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(t
     sizes, real_crops = [], bl.floor_crops
     measured, real_floors = [], bl.store_floors  # each round's floors (one store: one call per round)
     monkeypatch.setattr(bl, "store_floors", lambda *a, **k: measured.append(real_floors(*a, **k)) or measured[-1])
-    monkeypatch.setattr(bl, "floor_crops", lambda records, crops=None: sizes.append(crops) or real_crops(records, crops))
+    monkeypatch.setattr(bl, "floor_crops",
+                        lambda records, crops=None: sizes.append(crops) or real_crops(records, crops))
     opts = bl.LoaderBenchOptions(workers=2, batch_size=4, image_size=32, batches=2, warmup=1, floor_seconds=0.05,
                                  rounds=2, paths=("fastload-threads",), uint8=True)
     bench = bl.bench_loader(tiny_tree, options=opts, progress=False)
@@ -514,7 +515,7 @@ def test_bench_loader_holds_two_workers_to_the_preset_in_two_processes_at_once(t
 
 
 def test_the_floors_take_as_many_crops_as_asked_from_the_first_records():
-    """A store of 20 MP photos costs 38 ms per image in the preset: floors of 2,048 crops for a round of 64 images
+    """A store of 12 MP photos costs 38 ms per image in the preset: floors of 2,048 crops for a round of 64 images
     (--batches 4 --batch-size 16) spent minutes per round; bench loader now asks for a round's worth."""
     import fastload.bench.loader as bl
 
