@@ -147,7 +147,7 @@ def _crop_samples(store: str, size: int, seconds: float, rounds: int, seeds: int
 
     import torch
 
-    from fastload.bench.loader import floor_crops, floor_records
+    from fastload.bench.loader import floor_crops, floor_records, preset_passes
     from fastload.load.dataset import LMDBImageDataset
     from fastload.load.transforms import train_transform
 
@@ -161,14 +161,9 @@ def _crop_samples(store: str, size: int, seconds: float, rounds: int, seeds: int
     for b in wide[:16]:
         tf.from_bytes(b, g)
 
-    def loop(blobs: list[bytes], seed: int) -> float:
-        n, t0 = 0, time.perf_counter()
-        while n == 0 or time.perf_counter() - t0 < seconds:
-            g.manual_seed(seed)  # each pass draws the same crops
-            for b in blobs:
-                tf.from_bytes(b, g)
-            n += len(blobs)
-        return (time.perf_counter() - t0) / n * 1e6
+    def loop(blobs: list[bytes], seed: int) -> float:  # each pass draws the same crops
+        n, t0, t1 = preset_passes(tf, blobs, g, seconds, seed)
+        return (t1 - t0) / n * 1e6
 
     arms = [(name, seed) for name in samples for seed in range(seeds)]
     us: dict[tuple[str, int], list[float]] = {a: [] for a in arms}

@@ -79,8 +79,8 @@ from fastload.measure.timing import one_torch_thread
 from fastload.pack.sources import IMG_EXTENSIONS
 
 __all__ = ["LoaderBenchOptions", "LoaderBench", "PathResult", "Floors", "bench_loader", "single_core_ceiling",
-           "store_floors", "floor_records", "floor_crops", "PresetProcesses", "together_rate", "FLOOR_RECORDS",
-           "FLOOR_BYTES", "FLOOR_CROPS", "ALL_PATHS"]
+           "store_floors", "floor_records", "floor_crops", "PresetProcesses", "together_rate", "preset_passes",
+           "FLOOR_RECORDS", "FLOOR_BYTES", "FLOOR_CROPS", "ALL_PATHS"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -493,6 +493,20 @@ def floor_crops(records: list[bytes], crops: int | None = None) -> list[bytes]:
     return [records[k % len(records)] for k in range(crops)]
 
 
+def preset_passes(tf, blobs: list[bytes], generator, seconds: float, seed: int = 0) -> tuple[int, float, float]:
+    """The preset floor's loop: whole passes of ``tf.from_bytes`` over ``blobs`` for at least ``seconds``, each pass
+    reseeding ``generator`` with ``seed`` so every pass draws the same crops (those ``tf.draw`` makes in order from
+    that seed). Returns ``(images, start, end)`` on the system-wide monotonic clock: one process's rate, or, from
+    several processes at once, one window (``together_rate``)."""
+    n, t0 = 0, time.monotonic()
+    while n == 0 or time.monotonic() - t0 < seconds:
+        generator.manual_seed(seed)
+        for b in blobs:
+            tf.from_bytes(b, generator)
+        n += len(blobs)
+    return n, t0, time.monotonic()
+
+
 def _preset_process(store: str, size: int, channels_last: bool, crops: int | None, conn) -> None:
     """One of ``PresetProcesses``: the preset floor's loop over ``floor_crops``, each time the bench asks.
 
@@ -511,14 +525,8 @@ def _preset_process(store: str, size: int, channels_last: bool, crops: int | Non
             for b in blobs[:8]:  # warm up: the decoders' first calls
                 tf.from_bytes(b, g)
             conn.send(("ready", None))
-            while (seconds := conn.recv()) is not None:
-                n, t0 = 0, time.monotonic()
-                while n == 0 or time.monotonic() - t0 < seconds:
-                    g.manual_seed(0)  # every pass draws the crops the one-thread preset floor draws
-                    for b in blobs:
-                        tf.from_bytes(b, g)
-                    n += len(blobs)
-                conn.send(("rate", (n, t0, time.monotonic())))
+            while (seconds := conn.recv()) is not None:  # the crops the one-thread preset floor draws
+                conn.send(("rate", preset_passes(tf, blobs, g, seconds)))
     except (EOFError, KeyboardInterrupt):  # the bench is gone or interrupted: nothing to report to
         return
     except BaseException as exc:  # noqa: BLE001 - reported to the bench, which raises it by name
@@ -694,9 +702,6 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
 
     gp = torch.Generator()
 
-    def same(k: int) -> torch.Generator:  # each pass of the preset loop draws the crops ``drawn`` holds
-        return gp.manual_seed(0) if k == 0 else gp
-
     def loop(one: Callable[[int], object], items: int) -> float:
         n, t0 = 0, time.perf_counter()
         while n == 0 or time.perf_counter() - t0 < seconds:
@@ -707,7 +712,8 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
 
     arms: dict[str, Callable[[], float]] = {
         "decode": lambda: loop(lambda k: tf.decode_crop(blobs[k], drawn[k]), len(blobs)),
-        "preset": lambda: loop(lambda k: tf.from_bytes(blobs[k], same(k)), len(blobs)),
+        # each pass draws the crops ``drawn`` holds (seed 0), as the processes at once do
+        "preset": lambda: together_rate([preset_passes(tf, blobs, gp, seconds)]),
         "normalise": lambda: loop(lambda k: normalize(batch, channels_last=channels_last, out=out), 1),
     }
     if together is not None:
