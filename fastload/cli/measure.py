@@ -70,7 +70,7 @@ def recipe_run(recipe_file: Path, out: Path | None, force: bool, steps, warmup, 
     """
     from fastload.measure.recipe import load_recipe, run_recipe, selected_stages, validate
     from fastload.measure.report import check_out, format_table, new_run_folder, write_outputs
-    from fastload.measure.train import init_distributed
+    from fastload.measure.train import distributed_run
     from fastload.progress import bar as progress_bar
 
     rec = load_recipe(recipe_file).with_overrides(**{
@@ -80,22 +80,23 @@ def recipe_run(recipe_file: Path, out: Path | None, force: bool, steps, warmup, 
         "dataset.folder": folder, "dataset.store": store, "dataset.cache": cache,
         "dataset.read_delay_ms": read_delay_ms})
     validate(rec)
-    rank, world = init_distributed()
-    lead = rank == 0
-    total = len(selected_stages(rec, stages)) * rec.run.rounds * (rec.run.warmup + rec.run.steps)
-    if out is not None and lead:
-        check_out(out, force=force)  # before minutes of measuring, not after
-    bar = progress_bar(total=total, unit="step", disable=quiet or not lead)
+    # the group is left on every rank once the figures are gathered (a rank that exits with it alive can abort)
+    with distributed_run() as (rank, world):
+        lead = rank == 0
+        total = len(selected_stages(rec, stages)) * rec.run.rounds * (rec.run.warmup + rec.run.steps)
+        if out is not None and lead:
+            check_out(out, force=force)  # before minutes of measuring, not after
+        bar = progress_bar(total=total, unit="step", disable=quiet or not lead)
 
-    current = [""]
+        current = [""]
 
-    def on_step(name: str) -> None:
-        if current[0] != name:  # redraw once per stage change, not per step (log files)
-            current[0] = name
-            bar.set_description(f"stage {name}")
-        bar.update()
+        def on_step(name: str) -> None:
+            if current[0] != name:  # redraw once per stage change, not per step (log files)
+                current[0] = name
+                bar.set_description(f"stage {name}")
+            bar.update()
 
-    outcomes, data = run_recipe(rec, progress=not quiet and lead, only=stages or None, on_step=on_step)
+        outcomes, data = run_recipe(rec, progress=not quiet and lead, only=stages or None, on_step=on_step)
     bar.close()
     if not lead:
         return

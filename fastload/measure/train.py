@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +35,7 @@ from fastload.errors import RecipeError
 from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
 
-__all__ = ["init_distributed", "SimulatedStep", "DEFAULT_HOST_MS", "hold_gil", "RunOptions", "build_model",
+__all__ = ["distributed_run", "SimulatedStep", "DEFAULT_HOST_MS", "hold_gil", "RunOptions", "build_model",
            "run_instrumented", "gather_results"]
 
 
@@ -255,18 +255,32 @@ def gather_results(result: StageResult) -> list[dict] | None:
     return everyone if dist.get_rank() == 0 else None
 
 
-def init_distributed() -> tuple[int, int]:
-    """Join the process group torchrun describes (gloo on CPU, nccl on GPU); (rank, world size)."""
+@contextlib.contextmanager
+def distributed_run() -> Iterator[tuple[int, int]]:
+    """Join the process group torchrun describes (gloo on CPU, nccl on GPU) for the block; (rank, world size).
+
+    The group joined here is destroyed when the block ends, on every rank, also on an error: a rank
+    that exits with a gloo group still alive can abort in the interpreter's teardown ("terminate
+    called without an active exception", SIGABRT, pytorch/pytorch#190489), which torchrun reports as
+    a failed run although every figure was written. A group the caller had already joined is left as
+    it was. Outside torchrun (``WORLD_SIZE`` unset or 1): ``(0, 1)`` and no group.
+    """
     import os
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return 0, 1
-    import torch
+        yield 0, 1
+        return
     import torch.distributed as dist
 
+    joined = False
     if not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), world
+        joined = True
+    try:
+        yield dist.get_rank(), world
+    finally:
+        if joined and dist.is_initialized():
+            dist.destroy_process_group()
