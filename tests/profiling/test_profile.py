@@ -90,6 +90,8 @@ def main():
             os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
     for x, y in val:  # a second, shorter loader: not the training loader
         model(x)
+    if DDP:  # a rank that exits with its gloo group alive can abort in teardown (pytorch#190489)
+        dist.destroy_process_group()
     print("script finished", step + 1)
 
 
