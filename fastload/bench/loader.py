@@ -719,11 +719,10 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     if together is not None:
         arms["together"] = lambda: together.rate(seconds)
     with one_torch_thread():
-        for name in arms:  # warm up: the decoders' first calls, numpy's first large allocation
-            for b, d in zip(blobs[:8], drawn[:8]):
-                tf.decode_crop(b, d)
-                tf.from_bytes(b, gp)
-            normalize(batch, channels_last=channels_last, out=out)
+        for b, d in zip(blobs[:8], drawn[:8]):  # warm up, once: the decoders' first calls
+            tf.decode_crop(b, d)
+            tf.from_bytes(b, gp)
+        normalize(batch, channels_last=channels_last, out=out)  # and the output's pages, faulted in
         res = interleave(list(arms), rounds, lambda name, k: arms[name]())
     dec, pre = res["decode"], res["preset"]
     ratios = sorted(d / p for d, p in zip(dec.values, pre.values))  # decode rate / preset rate = cost ratio
