@@ -16,15 +16,15 @@ figure. Then it prints the store's two floors per core and normalisation per bat
 (``store_floors``: decode alone at the DCT scale or region the preset uses, the preset's
 whole per-image work, their ratio per round), the figures ``bench loader`` reports every
 path against. Each round also times the thread pipeline's per-sample work without the
-pipeline around it (read from the store, seeded draws, into a batch slot) in one thread and in
-two, and then the thread loader itself (2 threads, ``uint8`` batches), so the loader can be put
-against its own floor and the GIL's share seen apart from the pipeline's. STORE defaults to a
+pipeline around it (runs of samples read from the store with seeded draws, then rendered into
+batch slots) in one thread and in two, and then the thread loader itself (2 threads, ``uint8``
+batches), so the loader can be put against its own floor and the GIL's share seen apart from the pipeline's. STORE defaults to a
 temporary store of the generated default dataset.
 
 ``--crop-samples SEEDS`` runs something else: the preset floor's loop on the store's first 256 records
 (the floors' sample before) and on the floors' crops now (``floor_crops``: the store's first records,
-cycled to 2,048 crops), with the crops of seeds 0..SEEDS-1, interleaved: the preset's cost moves with its crops, and a floor measured on too few of
-them is a ceiling set by luck.
+cycled to 2,048 crops), with the crops of seeds 0..SEEDS-1, interleaved: the preset's cost moves with
+its crops, and a floor measured on too few of them is a ceiling set by luck.
 
 Must not: be imported by the package (a tool, run by hand).
 """
@@ -77,13 +77,14 @@ def _two_threads(store: str, size: int, seconds: float) -> float:
 
 
 def _sample_loop(store: str, size: int, seconds: float, n_threads: int) -> float:
-    """Images/s of the thread pipeline's per-sample work alone, in ``n_threads`` threads: each sample
-    read from the store (crc32 checked), its crop drawn from its own seeded generator, decoded,
-    resized and written into a batch buffer's slot (``getitem(..., out=slot)``, copied when flipped),
-    with no pool, queue or batch hand-over around it."""
+    """Images/s of the thread pipeline's per-sample work alone, in ``n_threads`` threads, as its tasks do it:
+    runs of ``PLAN_RUN`` samples, each read from the store (crc32 checked) with its crop drawn from its
+    own seeded generator (``dataset.plan``), then each decoded, resized and written into a batch
+    buffer's slot (``dataset.render(..., out=slot)``, copied when flipped), with no pool, queue or batch
+    hand-over around it."""
     import torch
 
-    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.dataset import PLAN_RUN, LMDBImageDataset
     from fastload.load.replay import mix_seed
     from fastload.load.transforms import train_transform
 
@@ -94,15 +95,18 @@ def _sample_loop(store: str, size: int, seconds: float, n_threads: int) -> float
 
     def work(k: int) -> None:
         buf = torch.empty(64, 3, size, size, dtype=torch.uint8)
-        i = k
+        start = k * PLAN_RUN
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            slot = buf[i % 64]
-            image, _ = ds.getitem(i % n, generator=torch.Generator().manual_seed(mix_seed(1, 0, i)), out=slot)
-            if image.data_ptr() != slot.data_ptr():
-                slot.copy_(image)
-            counts[k] += 1
-            i += n_threads
+            run = range(start, start + PLAN_RUN)
+            planned = [(i, ds.plan(i % n, torch.Generator().manual_seed(mix_seed(1, 0, i)))) for i in run]
+            for i, p in planned:
+                slot = buf[i % 64]
+                image, _ = ds.render(i % n, p, out=slot)
+                if image.data_ptr() != slot.data_ptr():
+                    slot.copy_(image)
+            counts[k] += len(run)
+            start += n_threads * PLAN_RUN
 
     work_threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
     t0 = time.perf_counter()
@@ -220,10 +224,11 @@ def main() -> None:
                   f"two threads of one process {th:.0f} ({th / (2 * one):.0%})")
             s1, s2 = (_sample_loop(store, args.size, args.seconds, k) for k in (1, 2))
             loader = _thread_loader(store, args.size, args.seconds)
-            print(f"         the thread pipeline's per-sample work (store read, seeded draws, into a batch slot): "
+            print(f"         the thread pipeline's per-sample work (runs planned, rendered into batch slots): "
                   f"one thread {s1:.0f} images/s ({s1 / one:.0%} of the preset alone), two threads {s2:.0f} "
-                  f"({s2 / (2 * s1):.0%} of 2x one thread); the thread loader (2 threads, uint8 batches of 64) "
-                  f"{loader:.0f} ({loader / s2:.0%} of the two threads' per-sample work)")
+                  f"({s2 / (2 * s1):.0%} of 2x one thread, {s2 / sum(two):.0%} of two processes at once); the thread "
+                  f"loader (2 threads, uint8 batches of 64) {loader:.0f} ({loader / s2:.0%} of the two threads' "
+                  f"per-sample work, {loader / sum(two):.0%} of two processes at once)")
         from fastload.bench.loader import store_floors
 
         f = store_floors(Path(store), args.size, 64, seconds=args.seconds / 2, rounds=args.rounds)

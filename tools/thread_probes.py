@@ -5,10 +5,14 @@
     python tools/thread_probes.py STORE threads [--rounds 6] [--counts 2,3,4]
     python tools/thread_probes.py STORE runs    [--rounds 6] [--counts 1,4,8,16]
 
-``steps``: one thread, the same records and per-sample seeds, four loops that add one step
-each to the last: the train preset on bytes already in memory; + the store read (LMDB, the
+``steps``: one thread, the same records and per-sample seeds, five loops, the first four adding one
+step each to the last: the train preset on bytes already in memory; + the store read (LMDB, the
 changed-store check, crc32); + the copy into a batch buffer; ``dataset.getitem`` in place of
-the read and the preset (what the pipeline calls). Prints µs per image per loop.
+the read and the preset; and what a thread task of the pipeline does per sample (runs of
+``PLAN_RUN`` samples planned, then each rendered into its batch slot, copied only where the preset
+cannot write there). Prints µs per image per loop, and per round the preset's time over each loop's:
+the share of the preset's own rate (``bench loader``'s one-core ceiling) a loader could reach that
+did nothing beyond that loop, no pool, batching or hand-over.
 
 ``crc``: the per-sample loop (``getitem`` into a batch slot, seeded per sample) in one and in two
 threads, with the store reader's crc32 from zlib (shipped), zlib-ng and isal (the same CRC-32,
@@ -49,7 +53,7 @@ def _ratio(a: list[float], b: list[float]) -> str:
 def steps(store: str, rounds: int) -> None:
     import torch
 
-    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.dataset import PLAN_RUN, LMDBImageDataset
     from fastload.load.replay import mix_seed
     from fastload.load.transforms import train_transform
 
@@ -78,8 +82,17 @@ def steps(store: str, rounds: int) -> None:
         for i in range(n):
             buf[i % 64].copy_(ds.getitem(i, generator=gen(i))[0])
 
+    def planned() -> None:  # what a thread task of the pipeline does: runs of PLAN_RUN planned, then rendered
+        for start in range(0, n, PLAN_RUN):
+            plans = [(i, ds.plan(i, gen(i))) for i in range(start, min(start + PLAN_RUN, n))]
+            for i, p in plans:
+                slot = buf[i % 64]
+                image, _ = ds.render(i, p, out=slot)
+                if image.data_ptr() != slot.data_ptr():
+                    slot.copy_(image)
+
     loops = {"preset on bytes in memory": preset, "+ store read": read, "+ copy into the batch": copy,
-             "getitem, copied": getitem}
+             "getitem, copied": getitem, "the pipeline's per-sample work": planned}
     names = list(loops)
     res: dict[str, list[float]] = {k: [] for k in names}
     torch.set_num_threads(1)
@@ -88,9 +101,11 @@ def steps(store: str, rounds: int) -> None:
             t0 = time.perf_counter()
             loops[name]()
             res[name].append((time.perf_counter() - t0) / n * 1e6)
-    print(f"{store}: one thread, {n} records, {rounds} rounds (loop order rotated); us per image, median (min-max)")
+    print(f"{store}: one thread, {n} records, {rounds} rounds (loop order rotated); us per image, median (min-max); "
+          "per round, the preset's time over the loop's (the share of the preset's own rate the loop reaches)")
+    first = res[names[0]]
     for name in names:
-        print(f"{name:<28} {_med(res[name])}")
+        print(f"{name:<32} {_med(res[name])}  {_ratio(first, res[name])}")
 
 
 def _sample_loop(ds, n_threads: int, count: int) -> float:
