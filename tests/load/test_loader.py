@@ -384,6 +384,7 @@ def test_a_device_other_than_cpu_and_cuda_is_prepared_in_the_calling_thread(monk
     assert len(list(pf)) == 3 and set(where) == {threading.get_ident()}
 
 
+@pytest.mark.slow  # the script runs three times (exits_cleanly): 10-18 s, in CI's slow suite
 def test_a_script_that_ends_inside_a_cpu_prefetching_loop_exits_cleanly(tmp_path):
     from tests.helpers import exits_cleanly
 

@@ -511,6 +511,7 @@ def test_a_process_whose_loader_thread_is_stuck_forever_still_exits(tmp_path):
     assert waited < 2.0, f"the exit handlers took {waited:.1f} s"
 
 
+@pytest.mark.slow  # the script runs three times (exits_cleanly): 10-18 s, in CI's slow suite
 def test_a_script_that_ends_with_an_iterator_mid_epoch_exits_cleanly(tmp_path):
     # CPython ends daemon threads with pthread_exit while it finalises; a loader thread caught inside a
     # torch or decoder call then unwinds through C++ frames, and the process aborted ("terminate called

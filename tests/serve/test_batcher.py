@@ -164,6 +164,7 @@ def test_stop_without_drain_cancels_waiting_requests():
     assert all(f.cancelled() for f in futures)
 
 
+@pytest.mark.slow  # the script runs three times (exits_cleanly): 10-18 s, in CI's slow suite
 def test_a_script_that_ends_without_stop_exits_cleanly(tmp_path):
     # CPython ends daemon threads with pthread_exit while it finalises: the batcher's thread, caught inside
     # the model, unwound through C++ frames and aborted the process (exit status 134) in 6 of 6 runs

@@ -107,6 +107,7 @@ def test_cpu_fallback_takes_the_retry_and_new_work_and_without_one_requests_fail
         lone.stop()
 
 
+@pytest.mark.slow  # the script runs three times (exits_cleanly): 10-18 s, in CI's slow suite
 def test_a_script_that_ends_while_a_replica_is_re_probed_exits_cleanly(tmp_path):
     # the re-probe thread, a daemon inside the model when the script ended, was ended by pthread_exit while
     # CPython finalised and unwound through C++ frames: exit status 134 in 4 of 4 runs
