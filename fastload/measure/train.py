@@ -280,7 +280,7 @@ def distributed_run() -> Iterator[tuple[int, int]]:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         joined = True
     try:
-        yield dist.get_rank(), world
+        yield dist.get_rank(), dist.get_world_size()  # the group's own: a caller's may differ from WORLD_SIZE
     finally:
         if joined and dist.is_initialized():
             dist.destroy_process_group()
