@@ -400,7 +400,7 @@ class ShardCache:
                 return False
             started = time.time()
             try:
-                self._fetch_checked(spec, final, unread=not blocking)
+                self._fetch_checked(spec, final, reserve, unread=not blocking)
             except RemoteStoreError as exc:
                 # the readers queued on this lock meet an endpoint failure (a whole retry budget spent) at once
                 # instead of each retrying for a budget of its own after it (8 workers on a dead endpoint: 8
@@ -414,13 +414,10 @@ class ShardCache:
             else:
                 with contextlib.suppress(OSError):
                     failed.unlink()
-            finally:
-                # under the global lock: an accountant must see the reservation or the shard that
-                # replaced it (a scan between the rename and the unlink would otherwise see neither)
-                with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
-                    os.close(reserve[0])
-                    with contextlib.suppress(OSError):
-                        reserve[1].unlink()
+            finally:  # a failed download's reservation (a published shard's went with its rename)
+                if reserve[0] is not None:
+                    with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
+                        self._unreserve(reserve)
             return True
         finally:
             os.close(fd)
@@ -442,7 +439,18 @@ class ShardCache:
             raise RemoteStoreError(f"{head} (the download this reader waited for failed so; not retried again)"
                                    f"{sep}{rest}", url=f.get("url", ""), reason=f.get("reason", "other"))
 
-    def _fetch_checked(self, spec: ShardSpec, final: Path, *, unread: bool = False) -> None:
+    @staticmethod
+    def _unreserve(reserve: list) -> None:
+        """Give a download's reserved room back (under the global lock; once: ``reserve[0]`` becomes None)."""
+        fd, path = reserve
+        if fd is None:
+            return
+        reserve[0] = None
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    def _fetch_checked(self, spec: ShardSpec, final: Path, reserve: list, *, unread: bool = False) -> None:
         part_dir = self.root / ".partial" / f"{spec.name}.{os.getpid()}.{threading.get_ident()}"
         for stale in (self.root / ".partial").glob(f"{spec.name}.*"):  # we hold its download lock:
             shutil.rmtree(stale, ignore_errors=True)                    # these are dead downloads'
@@ -480,7 +488,13 @@ class ShardCache:
                      "key": self.key, "name": spec.name, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}))
                 if unread:  # a prefetch: published with its marker, in the same rename
                     (part_dir / UNREAD).touch()
-                os.rename(part_dir, final)  # atomic: a shard is there whole or not at all
+                # atomic: a shard is there whole or not at all. Under the global lock, with its reservation
+                # given back in the same step: an accountant sees the reservation or the shard, never both
+                # (two ranks under torchrun with a cache of exactly the store's size: counted twice, one shard
+                # was evicted and downloaded again) and never neither (over the limit)
+                with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
+                    os.rename(part_dir, final)
+                    self._unreserve(reserve)
                 line = json.dumps({"store": self.key, "shard": spec.name, "bytes": size, "pid": os.getpid(),
                                    "time": time.time()}) + "\n"
                 fd = os.open(self.dir / DOWNLOAD_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -538,7 +552,7 @@ class ShardCache:
                 os.close(fd)
 
     def _reserve(self, spec: ShardSpec, blocking: bool, give_back: GiveBack | None = None
-                 ) -> tuple[int, Path] | None:
+                 ) -> list | None:
         """Room for ``spec`` within ``limit`` (evicting least-recently-used unleased shards). When only this
         process's own leases stand in the way, ``give_back()`` frees one and the room is sought again at
         once; with nothing to give back, ``CacheFullError`` at once (waiting on itself could not help)."""
@@ -552,7 +566,7 @@ class ShardCache:
                     os.ftruncate(fd, 0)
                     fcntl.flock(fd, fcntl.LOCK_EX)
                     os.write(fd, str(spec.size).encode())
-                    return fd, path
+                    return [fd, path]  # a list: _unreserve marks it given back
                 own = self._held_here(spec.size) if blocking else None
             if not blocking:
                 return None

@@ -267,6 +267,37 @@ def test_two_processes_fill_one_cache(tmp_path):
     assert ShardCache(tmp_path / "cache2", store_key="k", fetch=None, limit=140_000).usage() <= 140_000
 
 
+def test_a_shard_just_published_is_counted_once_not_with_its_reservation_too(tmp_path, monkeypatch):
+    # two ranks under torchrun, a cache of exactly the store's size: another process accounting for room
+    # right after a download's rename, before that download gave its reservation back, counted the new
+    # shard twice (the shard and its reservation), evicted a cached shard it did not need to, and the
+    # node downloaded that shard again (CI: one shard twice in the epoch's downloads)
+    import fcntl
+
+    from fastload.store import cache as cache_mod
+
+    specs = make_remote(tmp_path / "remote", 2)
+    log = tmp_path / "log"
+    limit = sum(s.size for s in specs)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(log), limit=limit)
+    other = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(log), limit=limit)
+    cache.acquire(specs[0]).release()  # cached, no reader: the first to go when room is short
+    seen = []
+    fetch_checked = ShardCache._fetch_checked
+
+    def then_account(self, *args, **kwargs):
+        fetch_checked(self, *args, **kwargs)  # published: the shard is in the cache now
+        with cache_mod._flock(other.dir / cache_mod._LOCK, fcntl.LOCK_EX):  # as another process would
+            seen.append(other._make_room(0))
+
+    monkeypatch.setattr(ShardCache, "_fetch_checked", then_account)
+    cache.acquire(specs[1]).release()
+    assert seen == [True]
+    assert cache.cached(specs[0]), "a shard was evicted to make room that was already there"
+    assert other.usage() == limit and not list((tmp_path / "cache" / ".reserve").iterdir())
+    assert CountingFetch(log).count() == {s.name: 1 for s in specs}
+
+
 def test_meta_marks_ours(tmp_path):
     specs = make_remote(tmp_path / "remote", 1)
     cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"))
