@@ -18,8 +18,8 @@ whole per-image work, their ratio per round), the figures ``bench loader`` repor
 path against. Each round also times the thread pipeline's per-sample work without the
 pipeline around it (runs of samples read from the store with seeded draws, then rendered into
 batch slots) in one thread and in two, and then the thread loader itself (2 threads, ``uint8``
-batches), so the loader can be put against its own floor and the GIL's share seen apart from the pipeline's. STORE defaults to a
-temporary store of the generated default dataset.
+batches), so the loader can be put against its own floor and the GIL's share seen apart from the
+pipeline's. STORE defaults to a temporary store of the generated default dataset.
 
 ``--crop-samples SEEDS`` runs something else: the preset floor's loop on the store's first 256 records
 (the floors' sample before) and on the floors' crops now (``floor_crops``: the store's first records,
@@ -87,10 +87,10 @@ def _sample_loop(store: str, size: int, seconds: float, n_threads: int) -> float
     from fastload.load.dataset import PLAN_RUN, LMDBImageDataset
     from fastload.load.replay import mix_seed
     from fastload.load.transforms import train_transform
+    from thread_probes import plan_then_render  # tools/, the script's own folder
 
     torch.set_num_threads(1)
     ds = LMDBImageDataset(store, transform=train_transform(size))
-    n = len(ds)
     counts = [0] * n_threads
 
     def work(k: int) -> None:
@@ -99,12 +99,7 @@ def _sample_loop(store: str, size: int, seconds: float, n_threads: int) -> float
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             run = range(start, start + PLAN_RUN)
-            planned = [(i, ds.plan(i % n, torch.Generator().manual_seed(mix_seed(1, 0, i)))) for i in run]
-            for i, p in planned:
-                slot = buf[i % 64]
-                image, _ = ds.render(i % n, p, out=slot)
-                if image.data_ptr() != slot.data_ptr():
-                    slot.copy_(image)
+            plan_then_render(ds, run, lambda i: torch.Generator().manual_seed(mix_seed(1, 0, i)), buf)
             counts[k] += len(run)
             start += n_threads * PLAN_RUN
 

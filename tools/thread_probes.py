@@ -50,6 +50,20 @@ def _ratio(a: list[float], b: list[float]) -> str:
     return f"{statistics.median(r):.3f} ({r[0]:.3f}-{r[-1]:.3f})"
 
 
+def plan_then_render(ds, indices, gen, buf) -> None:
+    """What a thread task of the pipeline does for a run of samples: each planned (``dataset.plan``: the record
+    read, its draws from ``gen(i)``), then each rendered into its slot of ``buf`` (``dataset.render``), copied
+    only where the preset could not write there. Index ``i`` is record ``i % len(ds)``, slot ``i % len(buf)``.
+    Also used by ``tools/bench_ceiling.py``."""
+    n = len(ds)
+    planned = [(i, ds.plan(i % n, gen(i))) for i in indices]
+    for i, p in planned:
+        slot = buf[i % len(buf)]
+        image, _ = ds.render(i % n, p, out=slot)
+        if image.data_ptr() != slot.data_ptr():
+            slot.copy_(image)
+
+
 def steps(store: str, rounds: int) -> None:
     import torch
 
@@ -84,12 +98,7 @@ def steps(store: str, rounds: int) -> None:
 
     def planned() -> None:  # what a thread task of the pipeline does: runs of PLAN_RUN planned, then rendered
         for start in range(0, n, PLAN_RUN):
-            plans = [(i, ds.plan(i, gen(i))) for i in range(start, min(start + PLAN_RUN, n))]
-            for i, p in plans:
-                slot = buf[i % 64]
-                image, _ = ds.render(i, p, out=slot)
-                if image.data_ptr() != slot.data_ptr():
-                    slot.copy_(image)
+            plan_then_render(ds, range(start, min(start + PLAN_RUN, n)), gen, buf)
 
     loops = {"preset on bytes in memory": preset, "+ store read": read, "+ copy into the batch": copy,
              "getitem, copied": getitem, "the pipeline's per-sample work": planned}
@@ -233,12 +242,7 @@ def runs(store: str, rounds: int, sizes: list[int]) -> None:
                     if image.data_ptr() != slot.data_ptr():
                         slot.copy_(image)
                 continue
-            planned = [(i, ds.plan(i % n, gen(i))) for i in run]
-            for i, p in planned:
-                slot = buf[i % 64]
-                image, _ = ds.render(i % n, p, out=slot)
-                if image.data_ptr() != slot.data_ptr():
-                    slot.copy_(image)
+            plan_then_render(ds, run, gen, buf)
 
     arms = [0, *sizes]
     res: dict[tuple[int, int], list[float]] = {}
