@@ -20,7 +20,8 @@ Layout (``cache_dir`` may hold anything else: only entries the cache made are ev
     cache_dir/<store key>/.locks/<shard>.dl     exclusive flock: one download per shard per node
     cache_dir/<store key>/.partial/<shard>.<pid>   a download in progress (never read)
     cache_dir/.reserve/<store key>.<shard>   space reserved by a download (flocked while live)
-    cache_dir/.downloads.log                 one JSON line per completed download (``node_downloads``)
+    cache_dir/.downloads.log                 one JSON line per completed download (``node_downloads``),
+                                            written before the shard is published
 
 The store key holds the manifest's identity (``key_for``): a store re-uploaded under the same URL is
 another folder, so a job still reading the old version and a new job reading the new one live side by
@@ -488,13 +489,9 @@ class ShardCache:
                      "key": self.key, "name": spec.name, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino}))
                 if unread:  # a prefetch: published with its marker, in the same rename
                     (part_dir / UNREAD).touch()
-                # atomic: a shard is there whole or not at all. Under the global lock, with its reservation
-                # given back in the same step: an accountant sees the reservation or the shard, never both
-                # (two ranks under torchrun with a cache of exactly the store's size: counted twice, one shard
-                # was evicted and downloaded again) and never neither (over the limit)
-                with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
-                    os.rename(part_dir, final)
-                    self._unreserve(reserve)
+                # logged before it is published: whoever sees the shard in the cache also sees its line (logged
+                # after the rename, a reader in this process leased the prefetched shard, read the rest of the
+                # epoch and counted the node's downloads before the prefetch thread wrote it: CI saw 7 of 8)
                 line = json.dumps({"store": self.key, "shard": spec.name, "bytes": size, "pid": os.getpid(),
                                    "time": time.time()}) + "\n"
                 fd = os.open(self.dir / DOWNLOAD_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -502,6 +499,13 @@ class ShardCache:
                     os.write(fd, line.encode())  # one small O_APPEND write: whole lines from every process
                 finally:
                     os.close(fd)
+                # atomic: a shard is there whole or not at all. Under the global lock, with its reservation
+                # given back in the same step: an accountant sees the reservation or the shard, never both
+                # (two ranks under torchrun with a cache of exactly the store's size: counted twice, one shard
+                # was evicted and downloaded again) and never neither (over the limit)
+                with _flock(self.dir / _LOCK, fcntl.LOCK_EX):
+                    os.rename(part_dir, final)
+                    self._unreserve(reserve)
                 return
             problem = (f"{size:,} bytes instead of {spec.size:,}" if size != spec.size
                        else f"sha256 {digest[:16]}… instead of the manifest's {spec.sha256[:16]}…")

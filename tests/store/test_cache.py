@@ -298,6 +298,28 @@ def test_a_shard_just_published_is_counted_once_not_with_its_reservation_too(tmp
     assert CountingFetch(log).count() == {s.name: 1 for s in specs}
 
 
+def test_a_download_is_logged_before_its_shard_is_published(tmp_path, monkeypatch):
+    # a reader in the same process leased a prefetched shard the moment it was renamed into place, read the
+    # rest of the epoch and counted the node's downloads before the prefetch thread wrote its line: CI's
+    # link-cut test saw 7 downloads of 8 shards. Whoever sees the shard in the cache must see its line too
+    from fastload.store import cache as cache_mod
+    from fastload.store.cache import node_downloads
+
+    specs = make_remote(tmp_path / "remote", 1)
+    cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"))
+    rename, logged_at_publish = os.rename, []
+
+    def watching_rename(src, dst, *args, **kwargs):
+        if Path(dst) == cache.path(specs[0]):
+            logged_at_publish.append([d["shard"] for d in node_downloads(tmp_path / "cache")])
+        return rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(cache_mod.os, "rename", watching_rename)
+    assert cache.prefetch(specs[0])
+    assert logged_at_publish == [[specs[0].name]]
+    assert [d["shard"] for d in node_downloads(tmp_path / "cache")] == [specs[0].name]  # once, not twice
+
+
 def test_meta_marks_ours(tmp_path):
     specs = make_remote(tmp_path / "remote", 1)
     cache = ShardCache(tmp_path / "cache", store_key="k", fetch=CountingFetch(tmp_path / "log"))
