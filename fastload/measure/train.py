@@ -25,6 +25,7 @@ Must not: build loaders (``recipe.py``) or write files (``report.py``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ import torch
 from fastload.errors import RecipeError
 from fastload.load.prefetch import prepare_batch
 from fastload.measure.timing import NvmlSampler, StageResult, StepTimer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["distributed_run", "SimulatedStep", "DEFAULT_HOST_MS", "hold_gil", "RunOptions", "build_model",
            "run_instrumented", "gather_results"]
@@ -281,6 +284,14 @@ def distributed_run() -> Iterator[tuple[int, int]]:
         joined = True
     try:
         yield dist.get_rank(), dist.get_world_size()  # the group's own: a caller's may differ from WORLD_SIZE
-    finally:
+    except BaseException:
+        # the block's error is the one to report: a teardown that fails too (a peer already gone) is logged,
+        # not raised over it (it would carry the block's error only as its __context__)
         if joined and dist.is_initialized():
-            dist.destroy_process_group()
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:
+                log.warning("leaving the process group after the run failed: %s", exc)
+        raise
+    if joined and dist.is_initialized():
+        dist.destroy_process_group()

@@ -82,3 +82,36 @@ def test_a_group_the_caller_joined_is_left_as_it_was(monkeypatch, tmp_path):
     finally:
         if dist.is_initialized():  # the assertion above reports a group destroyed by the code under test
             dist.destroy_process_group()
+
+
+def test_a_failing_teardown_does_not_hide_the_blocks_error(monkeypatch, tmp_path, caplog):
+    # the block failed and leaving the group failed too (a peer already gone): the block's error is raised,
+    # the teardown's is logged; before, the teardown's was raised with the block's only as its __context__
+    joined, init = [], dist.init_process_group
+
+    def join(backend):  # a one-rank group as if torchrun had said two: no peer to wait for
+        init(backend, init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        joined.append(backend)
+
+    destroy = dist.destroy_process_group
+
+    def destroy_then_fail():
+        destroy()
+        raise RuntimeError("the peer is gone")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(dist, "init_process_group", join)
+    monkeypatch.setattr(dist, "destroy_process_group", destroy_then_fail)
+    try:
+        with pytest.raises(ValueError, match="the block failed"):
+            with distributed_run():
+                raise ValueError("the block failed")
+        assert joined and not dist.is_initialized()
+        assert "the peer is gone" in caplog.text
+        with pytest.raises(RuntimeError, match="the peer is gone"):  # after a block that succeeded: the error
+            with distributed_run():
+                pass
+        assert len(joined) == 2 and not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            destroy()
