@@ -189,5 +189,6 @@ def spdl_stage(samples: list[tuple[str, int]], *, batch_size: int, image_size: i
     if uint8:
         return BuiltStage("spdl", Uint8Batches(loader, "cpu", channels_last=channels_last), threads,
                           "not normalised (uint8 batches)")
-    return BuiltStage("spdl", DevicePrefetcher(loader, "cpu", dtype=torch.float32, channels_last=channels_last), threads,
+    prefetcher = DevicePrefetcher(loader, "cpu", dtype=torch.float32, channels_last=channels_last)
+    return BuiltStage("spdl", prefetcher, threads,
                       "main process, a helper thread one batch ahead (DevicePrefetcher on CPU)")

@@ -35,10 +35,11 @@ a batch that already is).
 Two floors per core, measured on each store a path reads (``store_floors``, tight one-thread
 loops on its first records, as many crops of them as a path's round takes: the preset's cost moves
 with the crop, so the floors average as many crops as the paths do), in every round as an arm of its
-own beside the paths, so each round's images/s is held to the ceiling measured in that round (a shared machine's speed moves between
-minutes: in one session the preset floor moved 1,092-1,651 images/s between runs): **decode alone** (each record's crop
-decoded at the DCT scale or region the preset uses, the draws made beforehand) and **the
-preset's whole per-image work** (``train_transform().from_bytes``: header, draws, decode,
+own beside the paths, so each round's images/s is held to the ceiling measured in that round (a
+shared machine's speed moves between minutes: in one session the preset floor moved 1,092-1,651
+images/s between runs): **decode alone** (each record's crop decoded at the DCT scale or region
+the preset uses, the draws made beforehand) and **the preset's whole per-image work**
+(``train_transform().from_bytes``: header, draws, decode,
 resize, flip), with the preset/decode ratio per round; and **normalisation per batch** (one
 ``uint8`` batch to normalised float32 with ``fastload.normalize``, one thread, into a reused
 buffer as ``DevicePrefetcher`` writes it). The ceiling every path is reported against ("of
@@ -270,8 +271,9 @@ class LoaderBench:
         out = "uint8 batches (not normalised)" if o.uint8 else "normalised float32 batches"
         if o.channels_last:
             out += ", channels-last"
-        lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, {out}, median of {o.rounds} rounds "
-                 f"x {o.batches} batches (path order rotated each round, previous workers shut down first){step}",
+        lines = [f"batch {o.batch_size}, {o.workers} workers, {o.image_size}px crops, {out}, "
+                 f"median of {o.rounds} rounds x {o.batches} batches (path order rotated each round, "
+                 f"previous workers shut down first){step}",
                  f"{'path':<{w}}{'images/s':>10}{'vs torchvision':>16}{'per-round ratios':>22}{'of ceiling':>12}"
                  f"{'(per round)':>13}{'of decode':>11}" + (f"{'of n x 1 core':>15}" if self._together else "")]
         for r in self.results:
@@ -294,12 +296,13 @@ class LoaderBench:
         f = self.floors
         if f is not None:
             lo, mid, hi = f.preset_over_decode
-            lines.append(f"floors per core (full-resolution store, one thread, measured in every round beside the paths, "
-                         f"medians): decode alone "
+            lines.append(f"floors per core (full-resolution store, one thread, measured in every round beside "
+                         f"the paths, medians): decode alone "
                          f"{f.decode_per_core:.0f} images/s ({f.decode_us:.0f} us/image, at the DCT scale or region "
                          f"the preset uses); the preset's whole work {f.preset_per_core:.0f} images/s "
                          f"({f.preset_us:.0f} us/image) = {mid:.2f}x the decode (per round {lo:.2f}-{hi:.2f}x); "
-                         f"normalise a batch of {f.batch_size}: {f.normalise_ms:.2f} ms ({f.normalise_us:.0f} us/image)")
+                         f"normalise a batch of {f.batch_size}: {f.normalise_ms:.2f} ms "
+                         f"({f.normalise_us:.0f} us/image)")
             if f.preset_together is not None:
                 lines.append(f"the preset's loop in {f.together} processes at once (the workers' count), measured in "
                              f"every round: {f.preset_together:.0f} images/s together = {f.together_share:.0%} of "
@@ -678,11 +681,12 @@ def store_floors(store: Path, size: int, batch_size: int, *, seconds: float = 1.
     The records are ``floor_records`` (the store's first ``FLOOR_RECORDS``), cycled to ``crops``
     crops (default ``FLOOR_CROPS``; ``bench loader`` passes a path's round, batches x batch size), each
     drawn afresh, so the floor is not set by the luck of a few. Decode alone decodes each crop
-    ``train_transform(size)`` draws (drawn once beforehand, seed 0) exactly as the preset does (``decode_crop``); the preset
-    floor runs ``from_bytes`` on the same records with the same draws; normalisation times ``normalize`` on one
-    ``uint8`` batch of ``batch_size`` x 3 x ``size`` x ``size``, into one reused output (``DevicePrefetcher``'s
-    case once a batch is dropped: no fresh pages to fault in). ``channels_last``: the preset with
-    ``channels_last=True``, the batch and its output channels-last. ``together``: also the preset's loop
+    ``train_transform(size)`` draws (drawn once beforehand, seed 0) exactly as the preset does
+    (``decode_crop``); the preset floor runs ``from_bytes`` on the same records with the same draws;
+    normalisation times ``normalize`` on one ``uint8`` batch of ``batch_size`` x 3 x ``size`` x
+    ``size``, into one reused output (``DevicePrefetcher``'s case once a batch is dropped: no fresh
+    pages to fault in). ``channels_last``: the preset with ``channels_last=True``, the batch and its
+    output channels-last. ``together``: also the preset's loop
     in its processes at once, as another arm of the rounds (``Floors.preset_together``).
     """
     import torch

@@ -177,8 +177,8 @@ def write_litdata(store: str | Path, out: str, *, chunk_bytes: int | str = 1 << 
     staging = tempfile.mkdtemp(prefix="fastload-litdata-")
     saved = {k: os.environ.get(k) for k in ("DATA_OPTIMIZER_CACHE_FOLDER", "DATA_OPTIMIZER_DATA_CACHE_FOLDER",
                                             "AWS_ALLOW_HTTP")}
-    os.environ.update(DATA_OPTIMIZER_CACHE_FOLDER=f"{staging}/chunks", DATA_OPTIMIZER_DATA_CACHE_FOLDER=f"{staging}/data",
-                      **_litdata_http())
+    os.environ.update(DATA_OPTIMIZER_CACHE_FOLDER=f"{staging}/chunks",
+                      DATA_OPTIMIZER_DATA_CACHE_FOLDER=f"{staging}/data", **_litdata_http())
     # optimize() sets this process's start method to "spawn" for good (force=True): put it back, or every
     # DataLoader after it (the fastload and MosaicML paths) would spawn its workers
     method = multiprocessing.get_start_method(allow_none=True)

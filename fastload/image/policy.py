@@ -57,8 +57,9 @@ GPU. ``fastload bench encode`` measures the trade (load speed in the train prese
 PSNR, encode cost) on any folder; its figures, with the commands that printed them, are in
 docs/benchmarks.md ("Which encoding for non-JPEG sources"). With ``lossless=True`` the
 old rule holds: non-interlaced 8-bit RGB or grayscale PNGs that pass the checks are stored
-as-is and every other non-JPEG source as lossless PNG (bit-exact). Whatever is stored (original, canonicalised or re-encoded) is decoded again,
-strictly, before it is accepted; the PSNR of every lossy write against the pixels it
+as-is and every other non-JPEG source as lossless PNG (bit-exact). Whatever is stored (original,
+canonicalised or re-encoded) is decoded again, strictly, before it is accepted; the PSNR of every
+lossy write against the pixels it
 encodes is returned (``Prepared.psnr``).
 
 Must not: import torch or anything from the rooms above (``store/``, ``pack/``, ``load/``).
@@ -85,9 +86,9 @@ from fastload.image.formats import BadImage, encode_raw, is_jpeg, jpeg_frame, ra
 
 __all__ = ["BadImage", "Prepared", "DEFAULT_MAX_PIXELS", "DEFAULT_MAX_FILE_BYTES", "ENCODING_CHOICES",
            "AUTO_RAW_MAX_PIXELS", "LOSSY_REENCODE", "psnr", "is_jpeg", "sniff", "jpeg_frame", "raw_header",
-           "encode_raw", "check_pixels",
-           "open_image", "to_rgb", "mode_to_rgb", "decode_reference", "decode_rgb", "png_damage", "png_without_bad_chunks",
-           "jpeg_damage", "prepare", "read_source_file", "prepare_file", "sample_error"]
+           "encode_raw", "check_pixels", "open_image", "to_rgb", "mode_to_rgb", "decode_reference", "decode_rgb",
+           "png_damage", "png_without_bad_chunks", "jpeg_damage", "prepare", "read_source_file", "prepare_file",
+           "sample_error"]
 
 #: Pillow's own hard limit (2 × ``Image.MAX_IMAGE_PIXELS``): nothing Pillow accepts is refused.
 DEFAULT_MAX_PIXELS = 2 * 89_478_485

@@ -54,7 +54,6 @@ import torch.utils.data
 from torch.utils.data import DistributedSampler, IterableDataset
 
 from fastload.load import _resume_iter as _ri
-from fastload.load import state as _state
 from fastload.load.tracker import ResumeTracker
 from fastload.load.dataset import LMDBImageDataset, reads_by_shard
 from fastload.load.transforms import preset_size

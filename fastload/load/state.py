@@ -306,7 +306,8 @@ class WorkerStates:
 def _read_worker_rng(v: Any, path: str) -> dict:
     """A worker's RNG states (``worker_rng_states()``): torch's (base64), Python's and NumPy's (lists)."""
     if not isinstance(v, Mapping) or not isinstance(v.get("torch"), str):
-        raise _corrupt(path, f"expected {{'torch': base64, 'random': [...], 'numpy': [...] | None}}, got {_describe(v)}")
+        raise _corrupt(path, "expected {'torch': base64, 'random': [...], 'numpy': [...] | None}, "
+                             f"got {_describe(v)}")
     r = _Reader(v, path, ("torch",), optional=("random", "numpy"))
     r.rng("torch")
     for key in ("random", "numpy"):

@@ -355,8 +355,8 @@ class _Job:
         transform = getattr(self.dataset, "transform", None)
         # the generic path seeds too when the dataset can take a generator (what the processes
         # backend does with torch's RNG, which threads share and so cannot seed per sample)
-        self.seeded = (sample_seed is not None and is_preset(transform) and accepts_keyword(transform.from_bytes, "generator")
-                       and _own_getitem(self.dataset))
+        self.seeded = (sample_seed is not None and is_preset(transform)
+                       and accepts_keyword(transform.from_bytes, "generator") and _own_getitem(self.dataset))
         if fast:
             self.shape = (3, self.dataset.transform.size, self.dataset.transform.size)
             self.memory_format = (torch.channels_last if preset_channels_last(self.dataset.transform)

@@ -432,7 +432,7 @@ class ResumeTracker:
         if not self.iterable:
             if self.distributed(loader) is not None or self.shard_sampler(loader) is not None:
                 return {}  # their order is their seed and epoch, already in the state
-            loader._index_sampler  # makes the ResumableIndex when iter() was never called
+            _ = loader._index_sampler  # makes the ResumableIndex when iter() was never called
         gens = self.generators(loader)
         before = _replay.rng_snapshot(gens)
         changes: dict = {}

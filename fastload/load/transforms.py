@@ -449,7 +449,8 @@ def train_transform(size: int = DEFAULT_SIZE, **kwargs) -> TrainTransform:
     return TrainTransform(size, **kwargs)
 
 
-def eval_transform(size: int = DEFAULT_SIZE, resize: int = DEFAULT_RESIZE, *, channels_last: bool = False) -> EvalTransform:
+def eval_transform(size: int = DEFAULT_SIZE, resize: int = DEFAULT_RESIZE, *,
+                   channels_last: bool = False) -> EvalTransform:
     """The evaluation preset: ``EvalTransform(size, resize, channels_last=...)``."""
     return EvalTransform(size, resize, channels_last=channels_last)
 

@@ -264,8 +264,8 @@ def _baseline(data: StageData, o: StageOptions) -> BuiltStage:
     from torchvision.datasets import ImageFolder
 
     workers = o.resolved_workers(0)
-    ds = _delayed(ImageFolder(str(_folder(data)), transform=torchvision_train_transform(o.image_size, uint8=o.uint8)), o,
-                  one_file=False)
+    tv = torchvision_train_transform(o.image_size, uint8=o.uint8)
+    ds = _delayed(ImageFolder(str(_folder(data)), transform=tv), o, one_file=False)
     loader = _torch_loader(ds, o, workers, pin=False, fastload_loader=False)
     return BuiltStage("baseline", _to_device(loader, o), workers, _tv_normalises(o, "loader"))
 
@@ -275,8 +275,8 @@ def _workers(data: StageData, o: StageOptions) -> BuiltStage:
     from torchvision.datasets import ImageFolder
 
     workers = o.resolved_workers("auto")
-    ds = _delayed(ImageFolder(str(_folder(data)), transform=torchvision_train_transform(o.image_size, uint8=o.uint8)), o,
-                  one_file=False)
+    tv = torchvision_train_transform(o.image_size, uint8=o.uint8)
+    ds = _delayed(ImageFolder(str(_folder(data)), transform=tv), o, one_file=False)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=False)
     return BuiltStage("workers", _to_device(loader, o), workers, _tv_normalises(o, "workers"))
 
@@ -286,8 +286,8 @@ def _lmdb(data: StageData, o: StageOptions) -> BuiltStage:
     from fastload.load.dataset import LMDBImageDataset
 
     workers = o.resolved_workers("auto")
-    ds = _delayed(LMDBImageDataset(data.store, transform=torchvision_train_transform(o.image_size, uint8=o.uint8)), o,
-                  one_file=True)
+    tv = torchvision_train_transform(o.image_size, uint8=o.uint8)
+    ds = _delayed(LMDBImageDataset(data.store, transform=tv), o, one_file=True)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=True)
     return BuiltStage("lmdb", _to_device(loader, o), workers, _tv_normalises(o, "workers"))
 
@@ -298,8 +298,8 @@ def _fast(data: StageData, o: StageOptions) -> BuiltStage:
     from fastload.load.transforms import collate_uint8, train_transform
 
     workers = o.resolved_workers("auto")
-    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size, channels_last=o.channels_last)), o,
-                  one_file=True)
+    preset = train_transform(o.image_size, channels_last=o.channels_last)
+    ds = _delayed(LMDBImageDataset(data.store, transform=preset), o, one_file=True)
     loader = _torch_loader(ds, o, workers, pin=_pin(o), fastload_loader=True, collate=collate_uint8)
     return BuiltStage("fast", _to_device(loader, o), workers, _fast_normalises(o))
 
@@ -309,8 +309,8 @@ def _thread_stage(name: str, data: StageData, o: StageOptions, *, autotune: bool
     from fastload.load.transforms import collate_uint8, train_transform
 
     threads = o.resolved_workers("auto") or 1
-    ds = _delayed(LMDBImageDataset(data.store, transform=train_transform(o.image_size, channels_last=o.channels_last)), o,
-                  one_file=True)
+    preset = train_transform(o.image_size, channels_last=o.channels_last)
+    ds = _delayed(LMDBImageDataset(data.store, transform=preset), o, one_file=True)
     loader = _torch_loader(ds, o, threads, pin=_pin(o), fastload_loader=True, collate=collate_uint8,
                            backend="threads", autotune=autotune)
     return BuiltStage(name, _to_device(loader, o), threads, _fast_normalises(o))

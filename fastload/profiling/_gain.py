@@ -22,7 +22,8 @@ OpenMP region runs at the pace of its slowest thread, so a CPU a worker takes ev
 lost to the step. That term is optimistic: beside busy workers such a step also waits for its threads at
 every parallel region (a 17 ms 2-thread step ran 3x longer on a quiet 2-CPU machine), by an amount the
 profile cannot see, so a worker count whose workers would share the step's CPUs (``k >= 1.2`` and ``k`` plus
-the workers' CPU load over ``P``) gets its figure as an upper bound ("up to"), not a prediction. In the main process (``N = 0``) the step is ``c + t_b``. Every worker count
+the workers' CPU load over ``P``) gets its figure as an upper bound ("up to"), not a prediction. In
+the main process (``N = 0``) the step is ``c + t_b``. Every worker count
 from 0 up to the plan's (more where samples mostly block on I/O) is predicted; the
 recommendation is the plan's count ("auto") when it is within 2% of the best, else the fewest
 workers within 2% of the best, and only when it gains 5%; when no count gains and the step
@@ -173,12 +174,14 @@ class Model:
         2 workers gave 1.29x where the model said 1.73x; docs/profile-advice.md). How much more depends on how
         many parallel regions a step has, which the profile does not see: such a worker count's figure is an
         upper bound, not a prediction."""
-        return n > 0 and self.cores >= 1.2 and self.cores + min(n, self.tcpu * self.ratio[n] / self.T) > self.cpus + 0.05
+        if n <= 0 or self.cores < 1.2:
+            return False
+        return self.cores + min(n, self.tcpu * self.ratio[n] / self.T) > self.cpus + 0.05  # + the workers' load
 
 
 def fit_model(s: dict[str, Any], *, plan_workers: int, has_gpu: bool) -> Model:
     """The model of an input-bound run; sets ``s["predictions"]`` (every worker count tried)."""
-    wait, idle, bound = s["data_wait_fraction"], s["gpu_idle_fraction"], s["input_bound_idle_fraction"]
+    wait, bound = s["data_wait_fraction"], s["input_bound_idle_fraction"]
     loader = s["loader"]
     T = 1.0 / s["steps_per_s"]
     # no change to the loading can beat a loader that never makes the step wait: 1 / (1 - input-bound share),

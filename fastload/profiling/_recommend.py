@@ -450,7 +450,7 @@ def _store_rec(s: dict[str, Any], folder: dict[str, Any], *, tb: float, tcpu: fl
         rec.update(apply={"uint8_presets": True, **({"num_workers": n} if n != w_now else {})},
                    verify_gain=files, verify_part="the presets on your files" + (f" with {auto}" if n != w_now else "")
                    + ": --verify-fix cannot make the store (run the convert above)")
-        rec["why"] += (f"; --verify-fix applies the presets to the files themselves"
+        rec["why"] += ("; --verify-fix applies the presets to the files themselves"
                        + (f" with {auto}" if n != w_now else "") + f", predicted {verify:.2f}x (it cannot make the "
                        "store: that is the convert)")
     return rec
@@ -467,7 +467,8 @@ def _storage_recs(s: dict[str, Any], warm_gain: float) -> list[dict[str, Any]]:
          "expected_gain": warm_gain,
          "why": "from the second epoch on every shard is read from the node cache: no download wait (the first "
                 "epoch still downloads every shard once)",
-         "code": 'ds = LMDBImageDataset("s3://bucket/store/", cache_dir="/local/nvme/cache", cache_limit="<store size>")'},
+         "code": 'ds = LMDBImageDataset("s3://bucket/store/", cache_dir="/local/nvme/cache", '
+                 'cache_limit="<store size>")'},
         {"change": "prefetch deeper: fastload.ShardSampler(ds, window=8) as the DataLoader's sampler",
          "stage": "storage", "expected_gain": warm_gain,
          "why": "the next window's shards download while the current one is read; a bigger window starts them "

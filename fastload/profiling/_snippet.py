@@ -119,7 +119,8 @@ def store_presets_snippet(root: str, preset: str | None, mean: list[float] | Non
         if created_at else ""
     norm = "" if mean is None else f", mean={tuple(round(x, 4) for x in mean)}, std={tuple(round(x, 4) for x in std)}"
     # quoted for the shell: a folder with spaces or shell characters pastes as one argument
-    lines = [f"fastload convert {shlex.quote(str(root))} {shlex.quote(str(store))}    # once, in a shell: the store goes beside the folder, not into it",
+    lines = [f"fastload convert {shlex.quote(str(root))} {shlex.quote(str(store))}    "
+             "# once, in a shell: the store goes beside the folder, not into it",
              "from fastload import DataLoader, DevicePrefetcher, LMDBImageDataset, collate_uint8, "
              "eval_transform, train_transform",
              f"dataset = LMDBImageDataset({_literal(store)}, transform={_preset_call(preset)}){where}",

@@ -111,7 +111,8 @@ class DynamicBatcher:
 
     def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], *,
                  preprocess: Callable[[bytes], torch.Tensor] | None = None, max_batch: int = DEFAULT_MAX_BATCH,
-                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_queue: int = DEFAULT_MAX_QUEUE, device: str = "auto", workers: int = 2,
+                 max_wait_ms: float = DEFAULT_MAX_WAIT_MS, max_queue: int = DEFAULT_MAX_QUEUE, device: str = "auto",
+                 workers: int = 2,
                  gpu_decode_min_batch: int | None = None, dtype: str = "fp32",
                  max_pixels: int = SERVE_MAX_PIXELS, mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD, history: int = 10_000, name: str | None = None,
