@@ -32,6 +32,9 @@ Owns: the drop-in subclass. Every argument, default and behaviour of
   no worker processes, no ``/dev/shm``, reused batch buffers, per-sample seeds).
   With ``num_workers="auto"`` (or ``autotune=True``) the thread count and prefetch depth are
   then sized while it trains (``autotune.py``): ``auto_num_workers()`` is only the start.
+* With worker processes and ``collate_fn=collate_uint8``, each worker reuses its batches'
+  shared memory once the main process has let go of a batch (``batch_pool.py``; the same
+  batches; ``reuse_batch_memory=False``: a fresh segment per batch, as torch does).
 * Before worker processes start, ``/dev/shm`` is checked against ``num_workers ×
   prefetch_factor ×`` the batch size in bytes (from the preset's output size, else from one
   sample collated, for fastload's and torchvision's folder datasets only: an arbitrary
@@ -56,7 +59,8 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from fastload.load import _resume_iter as _ri
 from fastload.load.tracker import ResumeTracker
 from fastload.load.dataset import LMDBImageDataset, reads_by_shard
-from fastload.load.transforms import preset_size
+from fastload.load.batch_pool import PooledCollate, slots_for
+from fastload.load.transforms import collate_uint8, preset_size
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
 BACKENDS = ("processes", "threads")
@@ -80,6 +84,11 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             an iterable dataset's state (1, default: with every batch; n: around every n-th
             step, and a state taken in between reads the batches since again on resume;
             0 or None: never, so a resume reads the epoch again up to where it stopped).
+        reuse_batch_memory: True (default): with worker processes and ``collate_fn=collate_uint8``,
+            each worker writes its batches into shared-memory segments it reuses once the main
+            process has let go of the batch (``batch_pool.py``): the same batches, without the
+            kernel zeroing a fresh segment for each. False: a fresh segment per batch, as torch
+            does; pass it when you send the loader's batches to another process yourself.
 
     Raises:
         SharedMemoryError: (when iterated) ``/dev/shm`` is too small for the workers' batches.
@@ -89,7 +98,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                  num_workers=0, collate_fn=None, pin_memory=None, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor=None, persistent_workers=False, pin_memory_device="", in_order=True,
-                 main_threads="auto", backend="processes", snapshot_every_n_steps=1, autotune=None):
+                 main_threads="auto", backend="processes", snapshot_every_n_steps=1, autotune=None,
+                 reuse_batch_memory=True):
         if backend not in BACKENDS:
             raise ValueError(f"Unknown value {backend!r} for argument backend. "
                              "Valid values are 'processes', 'threads'.")
@@ -127,6 +137,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
                          pin_memory_device=pin_memory_device, in_order=in_order)
         self.main_threads = main_threads
+        self.reuse_batch_memory = bool(reuse_batch_memory)
         self._auto_sampler = auto_sampler
         self._epoch = 0
         if snapshot_every_n_steps is not None and (isinstance(snapshot_every_n_steps, bool) or not isinstance(
@@ -230,10 +241,15 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             self.worker_init_fn = _ri.WorkerInit(user_init, saved, tracker.seeding,
                                                  tracker.iterable or tracker.map_stateful, acks=acks,
                                                  persistent=self.persistent_workers)
-        try:  # torch's iterator reads it when it is built; the loader keeps the user's
+        user_collate = self.collate_fn
+        if self.reuse_batch_memory and user_collate is collate_uint8:
+            # each worker reuses its batches' shared memory once this process let go of them (batch_pool.py)
+            self.collate_fn = PooledCollate(self.num_workers, slots_for(self.prefetch_factor))
+        try:  # torch's iterator reads them when it is built; the loader keeps the user's
             return _ri.MultiIter(self)
         finally:
             self.worker_init_fn = user_init
+            self.collate_fn = user_collate
 
     def _new_iterator(self):
         """torch's iterator for this epoch (``_get_iterator`` above), or the thread pipeline's."""

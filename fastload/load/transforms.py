@@ -48,7 +48,8 @@ from fastload.marks import timed
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "Preset", "is_preset", "preset_size", "TrainTransform", "EvalTransform",
-    "train_transform", "eval_transform", "collate_uint8", "normalize", "rrc_params", "preset_channels_last",
+    "train_transform", "eval_transform", "collate_uint8", "uint8_batch_layout", "normalize", "rrc_params",
+    "preset_channels_last",
     "preset_writes_into", "preset_plans", "accepts_keyword",
 ]
 
@@ -460,20 +461,12 @@ def _hwc_rows(im: torch.Tensor) -> bool:
     return im.stride(0) == 1 and im.stride(2) == im.shape[0]
 
 
-def collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stack ``(uint8 CHW, label)`` samples into ``(uint8 NCHW, int64 labels)``, no float on the CPU.
-
-    In a DataLoader worker the batch is built straight in shared memory (as torch's
-    ``default_collate`` does), so it reaches the main process without another copy.
-    Samples all laid out channels-last (the presets' ``channels_last=True``, or any
-    ``from_numpy(hwc).permute(2, 0, 1)``) make a ``torch.channels_last`` batch, copied
-    without a transpose; anything else a contiguous one.
+def uint8_batch_layout(images: Sequence[torch.Tensor]) -> tuple[int, int, int, int, bool]:
+    """``(n, c, h, w, channels_last)`` of the batch ``collate_uint8`` stacks ``images`` into.
 
     Raises:
-        TypeError: a sample is not uint8 — a ``ToTensor()`` in the transform converts to
-            float on the CPU, which is the cost this collate exists to avoid.
+        TypeError, ValueError: as ``collate_uint8``.
     """
-    images = [b[0] for b in batch]
     first = images[0]
     if not isinstance(first, torch.Tensor) or first.dtype != torch.uint8 or first.dim() != 3:
         got = f"{first.dtype} {tuple(first.shape)}" if isinstance(first, torch.Tensor) else type(first).__name__
@@ -489,8 +482,26 @@ def collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tens
                              f"{tuple(first.shape)} {first.dtype} and {tuple(im.shape)} {im.dtype}")
     # channels-last samples (``channels_last=True`` presets) make a channels-last batch, copied without
     # a transpose; anything else a contiguous one
-    fmt = torch.channels_last if c > 1 and all(_hwc_rows(im) for im in images) else torch.contiguous_format
-    n = len(images)
+    return len(images), c, h, w, c > 1 and all(_hwc_rows(im) for im in images)
+
+
+def collate_uint8(batch: Sequence[tuple[torch.Tensor, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack ``(uint8 CHW, label)`` samples into ``(uint8 NCHW, int64 labels)``, no float on the CPU.
+
+    In a DataLoader worker the batch is built straight in shared memory (as torch's
+    ``default_collate`` does), so it reaches the main process without another copy.
+    Samples all laid out channels-last (the presets' ``channels_last=True``, or any
+    ``from_numpy(hwc).permute(2, 0, 1)``) make a ``torch.channels_last`` batch, copied
+    without a transpose; anything else a contiguous one.
+
+    Raises:
+        TypeError: a sample is not uint8 — a ``ToTensor()`` in the transform converts to
+            float on the CPU, which is the cost this collate exists to avoid.
+    """
+    images = [b[0] for b in batch]
+    n, c, h, w, channels_last = uint8_batch_layout(images)
+    first = images[0]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
     if torch.utils.data.get_worker_info() is not None:
         storage = first._typed_storage()._new_shared(n * first.numel(), device=first.device)
         out = first.new(storage).resize_(n, c, h, w)

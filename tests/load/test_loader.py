@@ -68,11 +68,13 @@ def test_auto_workers_leave_headroom_on_gpu_hosts_and_say_what_they_assumed(cpus
     assert f"num_workers='auto' -> {workers}" in caplog.text and plan.assumption in caplog.text
 
 
-def test_signature_is_torchs_plus_main_threads_backend_and_torchdatas_snapshot_every_n_steps():
+def test_signature_is_torchs_plus_main_threads_backend_snapshot_every_n_steps_autotune_and_reuse():
     ours = inspect.signature(DataLoader.__init__).parameters
     theirs = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
     assert list(ours)[:len(theirs)] == list(theirs)
-    assert list(ours)[len(theirs):] == ["main_threads", "backend", "snapshot_every_n_steps", "autotune"]
+    assert list(ours)[len(theirs):] == ["main_threads", "backend", "snapshot_every_n_steps", "autotune",
+                                        "reuse_batch_memory"]
+    assert ours["reuse_batch_memory"].default is True
     assert ours["snapshot_every_n_steps"].default == 1  # torchdata StatefulDataLoader's default
     assert ours["snapshot_every_n_steps"].kind == inspect.Parameter.KEYWORD_ONLY
     for name, p in theirs.items():

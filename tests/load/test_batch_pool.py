@@ -1,0 +1,184 @@
+"""Worker processes reuse their batches' shared memory once the main process let go (``batch_pool.py``):
+the same batches as fresh segments, none overwritten while any tensor still views it."""
+
+from __future__ import annotations
+
+import gc
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fastload.load import batch_pool
+from fastload.load.batch_pool import PooledBatch, PooledCollate, slots_for
+from fastload.load.loader import DataLoader
+from fastload.load.transforms import collate_uint8
+
+
+class Indexed(torch.utils.data.Dataset):
+    """Image ``i``: every pixel of channel ``c`` is ``(i + 7 * c) % 256``, laid out planar or channels-last."""
+
+    def __init__(self, n: int = 64, channels_last: bool = False, size: int = 8) -> None:
+        self.n, self.channels_last, self.size = n, channels_last, size
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        img = torch.stack([torch.full((self.size, self.size), (i + 7 * c) % 256, dtype=torch.uint8)
+                           for c in range(3)])
+        if self.channels_last:
+            img = img.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+        return img, i
+
+
+def expected(labels: torch.Tensor, size: int = 8) -> torch.Tensor:
+    return torch.stack([torch.stack([torch.full((size, size), (int(i) + 7 * c) % 256, dtype=torch.uint8)
+                                     for c in range(3)]) for i in labels])
+
+
+def segment(t: torch.Tensor) -> str:
+    """The shared-memory file this process maps ``t``'s storage from (one per segment a worker made)."""
+    addr = t.untyped_storage().data_ptr()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return f"{parts[5] if len(parts) > 5 else '?'}:{parts[4]}"
+    raise AssertionError("storage not mapped")
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_reused_segments_give_the_same_batches_and_a_held_batch_is_never_overwritten(channels_last):
+    ds = Indexed(64, channels_last)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False)
+    plain = [b for b in DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False,
+                                   reuse_batch_memory=False)]
+    held, views, segments = [], [], set()
+    for epoch in range(2):
+        for k, (images, labels) in enumerate(loader):
+            assert torch.equal(images, plain[k][0]) and torch.equal(labels, plain[k][1])
+            assert images.is_contiguous(memory_format=torch.channels_last if channels_last
+                                        else torch.contiguous_format)
+            segments.add(segment(images))
+            if epoch == 0 and k % 5 == 0:
+                held.append((images, labels))  # kept to the end: its segment must not be written again
+            if epoch == 0 and k % 5 == 1:
+                views.append((images[1], int(labels[1])))  # a view keeps the whole segment
+            del images, labels
+    for images, labels in held:
+        assert torch.equal(images, expected(labels))
+    for image, label in views:
+        assert torch.equal(image, expected(torch.tensor([label]))[0])
+    # 32 batches in two epochs from far fewer segments: each worker's own, plus the ones the held batches keep
+    assert len(segments) <= 2 * 2 * slots_for(None) + len(held) + len(views) < 32, len(segments)
+
+
+def test_without_reuse_every_batch_is_a_fresh_segment():
+    loader = DataLoader(Indexed(32), batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False,
+                        reuse_batch_memory=False)
+    assert len({segment(images) for images, _ in loader}) == 8
+
+
+def test_other_collates_and_the_threads_backend_are_left_alone():
+    loader = DataLoader(Indexed(16), batch_size=4, num_workers=2, pin_memory=False)  # torch's default_collate
+    assert len({segment(images) for images, _ in loader}) == 4
+    assert loader.collate_fn is not collate_uint8 and not isinstance(loader.collate_fn, PooledCollate)
+    loader = DataLoader(Indexed(16), batch_size=4, num_workers=2, collate_fn=collate_uint8, backend="threads")
+    assert [torch.equal(images, expected(labels)) for images, labels in loader] == [True] * 4
+    assert loader.collate_fn is collate_uint8
+
+
+@pytest.fixture
+def in_worker(monkeypatch):
+    """``get_worker_info()`` says worker 1 of 2, in this process."""
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: SimpleNamespace(id=1, num_workers=2))
+
+
+def sent(batch):
+    """``batch`` as the main process receives it: its images mapped again from the worker's segment (a
+    storage of their own, as ``rebuild_storage_fd`` makes in another process; unpickled in this one, torch
+    would hand back the worker's own storage object), then what ``PooledBatch``'s pickle calls."""
+    images, labels = batch
+    fd, size = images.untyped_storage()._share_fd_cpu_()
+    storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
+    mapped = torch.empty(0, dtype=torch.uint8).set_(storage, images.storage_offset(), images.shape,
+                                                    images.stride())
+    if not isinstance(batch, PooledBatch):
+        return mapped, labels.clone()
+    rebuild, args = batch.__reduce__()
+    assert rebuild is batch_pool._received and args[2:] == (batch.token, batch.index)
+    return rebuild(mapped, labels.clone(), *args[2:])
+
+
+def test_a_segment_is_free_again_only_when_every_tensor_on_it_is_gone(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    samples = [Indexed(4)[i] for i in range(4)]
+    first = pool(samples)
+    assert isinstance(first, PooledBatch) and first.index in (2, 3)  # worker 1's places
+    images, labels = received = sent(first)
+    assert type(received) is tuple and torch.equal(images, expected(labels))
+    del first, received
+    view = images[2:]
+    del images
+    gc.collect()
+    assert pool.flags.tolist() == [0, 0, 1, 0]  # the view still holds the segment
+    second = pool(samples)  # the other place
+    assert second.index == 3 and pool.flags.tolist() == [0, 0, 1, 1]
+    third = pool(samples)  # no place free: a fresh segment, a plain batch, nothing taken
+    assert type(third) is tuple and torch.equal(third[0], expected(third[1]))
+    assert torch.equal(view, expected(labels)[2:])
+    del view
+    gc.collect()
+    assert pool.flags.tolist() == [0, 0, 0, 1]
+    again = pool(samples)
+    assert again.index == 2 and again[0].untyped_storage().data_ptr() == pool._segments[2].data_ptr()
+
+
+def test_a_batch_of_another_size_gets_a_segment_of_its_size(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    full = sent(pool([Indexed(4)[i] for i in range(4)]))
+    del full
+    gc.collect()
+    last = sent(pool([Indexed(4)[i] for i in range(3)]))  # the epoch's short last batch
+    assert last[0].shape == (3, 3, 8, 8) and torch.equal(last[0], expected(last[1]))
+    assert sorted(s.nbytes() for s in pool._segments.values()) in ([3 * 192, 4 * 192], [3 * 192])
+
+
+def test_a_failed_collate_gives_its_segment_back_and_raises_as_collate_uint8(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    bad = [Indexed(2)[0], (torch.zeros(3, 8, 8, dtype=torch.uint8), "not a label")]
+    with pytest.raises(ValueError):
+        pool(bad)
+    assert pool.flags.tolist() == [0, 0, 0, 0]
+    with pytest.raises(TypeError, match="collate_uint8 expects uint8 CHW tensors"):
+        pool([(torch.zeros(3, 8, 8), 0)])
+
+
+def test_unpickled_where_the_pool_is_unknown_the_segment_stays_taken(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    batch = pool([Indexed(2)[i] for i in range(2)])
+    del batch_pool._FLAGS[pool.token]  # as in a process that did not make this pool
+    images, _ = sent(batch)
+    del images
+    gc.collect()
+    gc.collect()
+    assert pool.flags.tolist()[2:] == [1, 0]  # never reused: nothing can tell when it is let go
+
+
+def test_outside_a_worker_it_is_collate_uint8():
+    pool = PooledCollate(workers=1, slots=2)
+    out = pool([Indexed(2)[i] for i in range(2)])
+    assert type(out) is tuple and torch.equal(out[0], expected(out[1])) and not pool._segments
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_with_pinned_memory_the_segments_are_reused_and_the_batches_the_same():
+    # the pin-memory thread unpickles the batch and drops it once copied: the segment is freed there
+    ds = Indexed(64)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=True)
+    for images, labels in loader:
+        assert images.is_pinned() and torch.equal(images, expected(labels))
