@@ -14,14 +14,17 @@ worker sets a segment's byte when it writes a batch there. The batch travels as 
 (a tuple whose pickle says which byte is its); where it is unpickled (the main thread, or torch's
 pin-memory thread) a finalizer is attached to the batch's storage, and clears the byte when that
 storage dies: when the loop, the pin-memory copy and every view of the batch (``images[0]``,
-``images.numpy()``...) have let go. A worker with no free segment makes a fresh one, as before:
-it never waits. A batch the main process never receives (an epoch cut short) keeps its byte set:
-that segment is not reused; nothing else changes.
+``images.numpy()``...) have let go. A worker with no free segment, or no room in ``/dev/shm`` for a
+new one, makes a fresh one as before: it never waits. A batch the main process never receives (an
+epoch cut short) keeps its byte set: that segment is not reused; nothing else changes. Whether this
+torch runs the finalizer exactly then is checked once per process (``release_is_tracked``); where it
+does not, nothing is reused.
 
-Must not: reuse a segment any tensor of the main process still views. The one case it cannot see: a
-batch the training process itself sends to a third process (a ``multiprocessing`` queue): that
-process maps the same segment, and a worker may overwrite it once the training process let go. Pass
-``reuse_batch_memory=False`` to the loader then, or send a ``.clone()``.
+Must not: reuse a segment any tensor of the main process still views. The one case it cannot see:
+another process that maps the batch (one the training process sends it to through a
+``multiprocessing`` queue or pipe, or forks while it holds the batch): the main process's copy can
+die while that process still reads it, and a worker may then write the segment again. Pass
+``reuse_batch_memory=False`` to the loader then, or hand that process a ``.clone()``.
 """
 
 from __future__ import annotations
@@ -31,25 +34,60 @@ import os
 import weakref
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fastload.load.transforms import collate_uint8, uint8_batch_layout
 
-__all__ = ["PooledCollate", "PooledBatch", "slots_for"]
+__all__ = ["PooledCollate", "PooledBatch", "slots_for", "release_is_tracked"]
 
 _TOKENS = itertools.count(1)
-#: the flags of every live pool in this process, by token: where a ``PooledBatch`` is unpickled
-_FLAGS: weakref.WeakValueDictionary[tuple[int, int], torch.Tensor] = weakref.WeakValueDictionary()
+#: the flags of every live pool in this process, by token (a numpy view of the shared tensor): where a
+#: ``PooledBatch`` is unpickled
+_FLAGS: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
+_TRACKS: bool | None = None
 
 
 def slots_for(prefetch_factor: int | None) -> int:
-    """Segments per worker: its batches in flight (``prefetch_factor``) plus the one the loop holds and one
-    in the pin-memory thread or the main process's reorder buffer."""
+    """Segments per worker: its batches in flight (``prefetch_factor``), plus the batch the loop holds and the
+    one before it, which the loop's variables still refer to while ``next()`` makes the new one."""
     return (prefetch_factor or 2) + 2
 
 
-def _release(flags: torch.Tensor, index: int) -> None:
-    flags[index] = 0
+def release_is_tracked() -> bool:
+    """Whether this torch runs a finalizer on a storage exactly when its last tensor goes (checked once per
+    process, on a shared-memory storage mapped a second time, as the main process maps a worker's batch).
+
+    Not before: a view still alive keeps it (else a batch in use could be overwritten); not never: a tensor
+    dropped frees it. Torch versions differ in how a storage's Python object lives; where this fails, the
+    loader makes a fresh segment per batch (``collate_uint8``), as torch does.
+    """
+    global _TRACKS
+    if _TRACKS is None:
+        try:
+            own = torch.UntypedStorage._new_shared(64)
+            fd, size = own._share_fd_cpu_()
+            mapped = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
+            t = torch.empty(0, dtype=torch.uint8).set_(mapped, 0, (64,), (1,))
+            del mapped
+            fired: list[int] = []
+            weakref.finalize(t.untyped_storage(), fired.append, 1)
+            view = t[8:].numpy()
+            del t
+            early = bool(fired)
+            del view
+            _TRACKS = not early and fired == [1]
+        except Exception:  # no shared memory here, or an API this torch lacks: no reuse
+            _TRACKS = False
+    return _TRACKS
+
+
+def _new_segment(nbytes: int) -> torch.UntypedStorage:
+    return torch.UntypedStorage._new_shared(nbytes)
+
+
+def _release(flags: np.ndarray, index: int) -> None:
+    flags[index] = 0  # numpy, not a torch op: it may run under any dispatch mode (a torch.compile trace)
 
 
 def _received(images: torch.Tensor, labels: torch.Tensor, token: tuple[int, int], index: int):
@@ -82,14 +120,15 @@ class PooledCollate:
         self.slots = slots
         self.flags = torch.zeros(workers * slots, dtype=torch.uint8).share_memory_()
         self.token = (os.getpid(), next(_TOKENS))
-        _FLAGS[self.token] = self.flags
+        self._arr = self.flags.numpy()  # reads and writes without torch ops; keeps ``flags`` alive
+        _FLAGS[self.token] = self._arr
         self._segments: dict[int, torch.UntypedStorage] = {}
 
     def __getstate__(self) -> dict:
         return {"slots": self.slots, "flags": self.flags, "token": self.token}  # a worker's segments are its own
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segments={})
+        self.__dict__.update(state, _segments={}, _arr=state["flags"].numpy())
 
     def __call__(self, batch: Sequence[tuple[torch.Tensor, int]]):
         info = torch.utils.data.get_worker_info()
@@ -107,7 +146,7 @@ class PooledCollate:
             torch.stack(images, 0, out=out)
             labels = torch.as_tensor([int(b[1]) for b in batch], dtype=torch.int64)
         except BaseException:
-            self.flags[index] = 0
+            self._arr[index] = 0
             raise
         result = PooledBatch((out, labels))
         result.token, result.index = self.token, index
@@ -117,13 +156,16 @@ class PooledCollate:
         """A free segment of ``nbytes`` for this worker, marked taken: one of its own that fits, else one made
         in a free place (replacing a free segment of another size); None when every place is taken."""
         first = worker * self.slots
-        taken = self.flags[first:first + self.slots].tolist()
-        free = [first + k for k, t in enumerate(taken) if not t]
+        free = [first + k for k, t in enumerate(self._arr[first:first + self.slots].tolist()) if not t]
         if not free:
             return None
         fits = [i for i in free if i in self._segments and self._segments[i].nbytes() == nbytes]
         index = fits[0] if fits else next((i for i in free if i not in self._segments), free[0])
         if index not in fits:
-            self._segments[index] = torch.UntypedStorage._new_shared(nbytes)
-        self.flags[index] = 1
+            self._segments.pop(index, None)  # a free segment of another size: its room first
+            try:
+                self._segments[index] = _new_segment(nbytes)
+            except (RuntimeError, OSError):  # /dev/shm full: a fresh segment as collate_uint8 makes, or its error
+                return None
+        self._arr[index] = 1
         return index, self._segments[index]

@@ -59,7 +59,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from fastload.load import _resume_iter as _ri
 from fastload.load.tracker import ResumeTracker
 from fastload.load.dataset import LMDBImageDataset, reads_by_shard
-from fastload.load.batch_pool import PooledCollate, slots_for
+from fastload.load.batch_pool import PooledCollate, release_is_tracked, slots_for
 from fastload.load.transforms import collate_uint8, preset_size
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
@@ -242,7 +242,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                                                  tracker.iterable or tracker.map_stateful, acks=acks,
                                                  persistent=self.persistent_workers)
         user_collate = self.collate_fn
-        if self.reuse_batch_memory and user_collate is collate_uint8:
+        if self.reuse_batch_memory and user_collate is collate_uint8 and release_is_tracked():
             # each worker reuses its batches' shared memory once this process let go of them (batch_pool.py)
             self.collate_fn = PooledCollate(self.num_workers, slots_for(self.prefetch_factor))
         try:  # torch's iterator reads them when it is built; the loader keeps the user's

@@ -76,6 +76,43 @@ def test_reused_segments_give_the_same_batches_and_a_held_batch_is_never_overwri
     assert len(segments) <= 2 * 2 * slots_for(None) + len(held) + len(views) < 32, len(segments)
 
 
+@pytest.mark.parametrize("how", ["fork", "spawn", "file_system"])
+def test_every_segment_is_free_again_once_the_batches_are_gone(how, monkeypatch):
+    if how == "file_system":  # torch's other sharing strategy: segments by name, not by descriptor
+        monkeypatch.setattr(torch.multiprocessing, "_sharing_strategy", "file_system")
+        assert torch.multiprocessing.get_sharing_strategy() == "file_system"
+    loader = DataLoader(Indexed(48), batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False,
+                        persistent_workers=True, multiprocessing_context="spawn" if how == "spawn" else None)
+    it = iter(loader)
+    pool = it._collate_fn
+    assert isinstance(pool, PooledCollate)
+    for images, labels in it:
+        assert torch.equal(images, expected(labels))
+    del images, labels
+    gc.collect()
+    assert pool.flags.tolist() == [0] * (2 * slots_for(None))
+    kept = [batch for batch in loader]  # the persistent workers' second epoch, every batch held
+    assert all(torch.equal(images, expected(labels)) for images, labels in kept)
+    assert pool.flags.sum() > 0
+    del kept
+    gc.collect()
+    assert pool.flags.tolist() == [0] * (2 * slots_for(None))
+
+
+def test_with_no_room_for_a_segment_the_batch_is_made_as_collate_uint8_makes_it(in_worker, monkeypatch):
+    def full(*a, **k):
+        raise RuntimeError("unable to allocate shared memory(shm) for file </torch_1_2>: No space left on device")
+
+    pool = PooledCollate(workers=2, slots=2)
+    monkeypatch.setattr(batch_pool, "_new_segment", full)  # the pool's; collate_uint8's own still has room
+    out = pool([Indexed(2)[i] for i in range(2)])
+    assert type(out) is tuple and torch.equal(out[0], expected(out[1])) and pool.flags.tolist() == [0] * 4
+
+
+def test_this_torch_runs_the_finalizer_when_the_last_view_goes():
+    assert batch_pool.release_is_tracked()
+
+
 def test_without_reuse_every_batch_is_a_fresh_segment():
     loader = DataLoader(Indexed(32), batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False,
                         reuse_batch_memory=False)
@@ -180,5 +217,11 @@ def test_with_pinned_memory_the_segments_are_reused_and_the_batches_the_same():
     # the pin-memory thread unpickles the batch and drops it once copied: the segment is freed there
     ds = Indexed(64)
     loader = DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=True)
-    for images, labels in loader:
+    it = iter(loader)
+    pool = it._collate_fn
+    assert isinstance(pool, PooledCollate)
+    for images, labels in it:
         assert images.is_pinned() and torch.equal(images, expected(labels))
+    del images, labels
+    gc.collect()
+    assert pool.flags.tolist() == [0] * (2 * slots_for(None))  # every segment freed by the pin thread
