@@ -480,9 +480,8 @@ def download_file(url: str | RemoteLocation, path: str | os.PathLike[str]) -> in
                 transient = not isinstance(exc, RemoteStoreError) and _transient(loc, exc)
                 recovering = met_outage and _no_such_object(exc)
                 if now >= deadline or not (transient or recovering):
-                    if isinstance(exc, _BodyBroken):
-                        raise exc.exc from None  # the body's own error, not its wrapper
-                    raise
+                    # the body's own error as it was raised: ``from`` would overwrite the cause it carries
+                    raise exc.exc if isinstance(exc, _BodyBroken) else exc  # noqa: B904
                 met_outage = met_outage or transient
                 _drop_store(loc, _ATTEMPT_S)  # the next try on a new client (a new connection pool)
                 time.sleep(min(pause, deadline - now))
