@@ -37,7 +37,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as _pin
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from fastload.errors import ResumeStateError
-from fastload.load.dataset import getitems_planned, plans_samples
+from fastload.load.dataset import PlannedBatch, getitems_planned, plans_samples
 from fastload.load.replay import SampleIndex, global_order, mix_seed, rng_restore, rng_snapshot, seeded_get, segment
 from fastload.load.state import DistributedOrder, ReplayOrder
 from fastload.load.tracker import EpochRecord, is_stateful, settle_ended
@@ -206,12 +206,14 @@ class _SeededGetItems:
     images/s of one sample at a time in one thread with runs of 8, ``tools/thread_probes.py STORE runs``;
     1.05x in the loader, ``tools/channels_last_ab.py STORE --compare plan``)."""
 
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset, deferred: bool = False) -> None:
+        self.dataset, self.deferred = dataset, deferred
         self.planned = plans_samples(dataset)
 
     def __call__(self, indices):
         if self.planned and len(indices) > 1 and all(getattr(i, "seed", None) is not None for i in indices):
+            if self.deferred:  # made by the collate, straight into the batch (batch_pool.PooledCollate)
+                return PlannedBatch(self.dataset, [int(i) for i in indices], [i.seed for i in indices])
             return getitems_planned(self.dataset, [int(i) for i in indices],
                                     [torch.Generator().manual_seed(i.seed) for i in indices])
         return [seeded_get(self.dataset, i) for i in indices]
@@ -253,9 +255,10 @@ class WorkerInit:
     multiprocessing context), report ``(worker_id, None or the error)`` once it has run, so that
     ``iter()`` raises what it raised."""
 
-    def __init__(self, user_fn, saved, seeding: bool, track: bool, acks=None, persistent: bool = False) -> None:
+    def __init__(self, user_fn, saved, seeding: bool, track: bool, acks=None, persistent: bool = False,
+                 collate_writes: bool = False) -> None:
         self.user_fn, self.saved, self.seeding, self.track = user_fn, saved, seeding, track
-        self.acks, self.persistent = acks, persistent
+        self.acks, self.persistent, self.collate_writes = acks, persistent, collate_writes
 
     def __call__(self, worker_id: int) -> None:
         try:
@@ -281,7 +284,7 @@ class WorkerInit:
             _fetch_module._IterableDatasetFetcher.fetch = _tracked_fetch  # this worker process's copy only
             _fetch_module._MapDatasetFetcher.fetch = _tracked_map_fetch
         if self.seeding:
-            info.dataset.__getitems__ = _SeededGetItems(info.dataset)
+            info.dataset.__getitems__ = _SeededGetItems(info.dataset, deferred=self.collate_writes)
         if self.user_fn is not None:
             self.user_fn(worker_id)
         if saved is not None and saved.rng and saved.rng[worker_id] is not None:

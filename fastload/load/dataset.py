@@ -24,11 +24,11 @@ from fastload.errors import CorruptSampleError
 from fastload.image.fast import decode_pil
 from fastload.image.policy import sample_error
 from fastload.load.skips import check_on_error, record_skip
-from fastload.load.transforms import is_preset, preset_plans
+from fastload.load.transforms import is_preset, preset_channels_last, preset_plans, preset_writes_into
 from fastload.store.readers import Reader, ReaderOptions, open_store_reader
 
 __all__ = ["LMDBImageDataset", "reads_by_shard", "plans_samples", "getitems_planned", "try_plan", "item_from_plan",
-           "PLAN_RUN"]
+           "PlannedBatch", "PLAN_RUN"]
 
 
 class _Samples(Sequence):
@@ -257,6 +257,68 @@ def getitems_planned(dataset: LMDBImageDataset, indices: list[int],
             seed = generators[k].initial_seed()
             out.append(item_from_plan(dataset, indices[k], p, lambda seed=seed: torch.Generator().manual_seed(seed)))
     return out
+
+
+class PlannedBatch(Sequence):
+    """A batch's samples under a preset that plans (``plans_samples``), not made yet: a worker process's
+    ``dataset.__getitems__`` returns it when its collate can write the images straight into the batch
+    (``batch_pool.PooledCollate``), which saves each image's own tensor and its copy into the batch.
+
+    Read as a list (any other collate), it is ``getitems_planned`` of its samples, made once. ``write_into``
+    makes the same images (the same draws, the same skips) in the batch's slots instead.
+    """
+
+    def __init__(self, dataset: LMDBImageDataset, indices: list[int], seeds: list[int]) -> None:
+        self.dataset, self.indices, self.seeds = dataset, indices, seeds
+        self._items: list[tuple[Any, Any]] | None = None
+
+    def _made(self) -> list[tuple[Any, Any]]:
+        if self._items is None:
+            self._items = getitems_planned(self.dataset, self.indices,
+                                           [torch.Generator().manual_seed(s) for s in self.seeds])
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self._made()[i]
+
+    def layout(self) -> tuple[int, int, int, int, bool] | None:
+        """``(n, c, h, w, channels_last)`` of the batch ``collate_uint8`` would stack these images into, known
+        before any is made (the preset's square ``size``, its layout); None where ``write_into`` cannot be
+        used (a preset that does not write into a given tensor, or says no integer size)."""
+        transform = self.dataset.transform
+        size = getattr(transform, "size", None)
+        if self._items is not None or not preset_writes_into(transform) or not isinstance(size, int):
+            return None
+        return len(self.indices), 3, size, size, preset_channels_last(transform)
+
+    def write_into(self, out: torch.Tensor) -> list[int]:
+        """Make the images in ``out[k]`` (``layout``'s shape and strides) and return the labels. Planned in
+        runs of ``PLAN_RUN`` and rendered as ``getitems_planned`` does; a sample whose plan or render fails is
+        redone by ``getitem``, which names it and applies ``on_error``.
+
+        Raises:
+            TypeError: the preset gave something other than a ``uint8`` image of the slot's shape.
+        """
+        dataset, labels = self.dataset, []
+        for start in range(0, len(self.indices), PLAN_RUN):
+            run = range(start, min(start + PLAN_RUN, len(self.indices)))
+            planned = [try_plan(dataset, self.indices[k], torch.Generator().manual_seed(self.seeds[k])) for k in run]
+            for k, p in zip(run, planned):
+                slot, seed = out[k], self.seeds[k]
+                image, label = item_from_plan(dataset, self.indices[k], p,
+                                              lambda seed=seed: torch.Generator().manual_seed(seed), out=slot)
+                if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or image.shape != slot.shape:
+                    got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) \
+                        else type(image).__name__
+                    raise TypeError(f"{dataset.root}: sample {self.indices[k]}: the transform gave {got}, expected "
+                                    f"a uint8 tensor of shape {tuple(slot.shape)} for the batch")
+                if image.data_ptr() != slot.data_ptr() or image.stride() != slot.stride():
+                    slot.copy_(image)
+                labels.append(int(label))
+        return labels
 
 
 def reads_by_shard(dataset: object) -> bool:

@@ -231,7 +231,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self.check_worker_number_rationality()
         tracker = self._fl_resume
         saved = tracker.plan.workers if tracker.plan is not None else None
-        user_init = self.worker_init_fn
+        user_init, user_collate = self.worker_init_fn, self.collate_fn
+        pooled = self.reuse_batch_memory and user_collate is collate_uint8 and release_is_tracked()
         if saved is not None or tracker.seeding or tracker.iterable or tracker.map_stateful or user_init is not None:
             # code runs at a worker's start that may raise (the user's worker_init_fn, a saved state
             # the dataset refuses): iter() waits for every worker to have run it and raises its error
@@ -240,10 +241,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
                 acks = (self.multiprocessing_context or torch.multiprocessing).Queue()
             self.worker_init_fn = _ri.WorkerInit(user_init, saved, tracker.seeding,
                                                  tracker.iterable or tracker.map_stateful, acks=acks,
-                                                 persistent=self.persistent_workers)
-        user_collate = self.collate_fn
-        if self.reuse_batch_memory and user_collate is collate_uint8 and release_is_tracked():
-            # each worker reuses its batches' shared memory once this process let go of them (batch_pool.py)
+                                                 persistent=self.persistent_workers, collate_writes=pooled)
+        if pooled:
+            # each worker reuses its batches' shared memory once this process let go of them, and a preset that
+            # plans writes its images straight into it (batch_pool.py)
             self.collate_fn = PooledCollate(self.num_workers, slots_for(self.prefetch_factor))
         try:  # torch's iterator reads them when it is built; the loader keeps the user's
             return _ri.MultiIter(self)

@@ -225,3 +225,111 @@ def test_with_pinned_memory_the_segments_are_reused_and_the_batches_the_same():
     del images, labels
     gc.collect()
     assert pool.flags.tolist() == [0] * (2 * slots_for(None))  # every segment freed by the pin thread
+
+
+# A preset that plans (``train_transform``, ``eval_transform``) on a fastload store: the worker renders each
+# image straight into its slot of the reused segment (``dataset.PlannedBatch``), with no image of its own
+
+N = 24  # tiny_store: 3 classes x 8
+
+
+def _store_batches(store, backend: str, workers: int, *, channels_last: bool = False, transform=None,
+                   reuse: bool = True, on_error: str = "raise", batch_size: int = 5):
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import train_transform
+
+    ds = LMDBImageDataset(store, transform=transform or train_transform(32, channels_last=channels_last),
+                          on_error=on_error)
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, num_workers=workers, backend=backend,
+                        collate_fn=collate_uint8, pin_memory=False, reuse_batch_memory=reuse,
+                        generator=torch.Generator().manual_seed(4))
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+@pytest.fixture
+def writes_noted(tmp_path, monkeypatch):
+    """Each ``PlannedBatch.write_into`` in a (forked) worker appends a line to a file: what the test reads."""
+    from fastload.load.dataset import PlannedBatch
+
+    note = tmp_path / "writes"
+    note.touch()
+    original = PlannedBatch.write_into
+
+    def noted(self, out):
+        with open(note, "a") as f:
+            f.write(f"{len(self)} {int(out.untyped_storage().nbytes())}\n")
+        return original(self, out)
+
+    monkeypatch.setattr(PlannedBatch, "write_into", noted)
+    return note
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["planar", "channels-last"])
+def test_a_planning_preset_renders_into_the_reused_batch_with_the_same_crops(tiny_store, writes_noted,
+                                                                             channels_last):
+    reference = _store_batches(tiny_store, "threads", 0, channels_last=channels_last)
+    fresh = _store_batches(tiny_store, "processes", 2, channels_last=channels_last, reuse=False)
+    assert writes_noted.read_text() == ""  # no pool, no rendering into it: each image its own tensor
+    pooled = _store_batches(tiny_store, "processes", 2, channels_last=channels_last)
+    writes = writes_noted.read_text().split("\n")[:-1]
+    # every batch written in place: 4 of 5 samples and the last of 4, into segments of just their size
+    assert sorted(writes) == sorted(["5 15360"] * 4 + ["4 12288"]), writes
+    assert len(pooled) == len(reference) == 5
+    for (a, la), (b, lb), (c, lc) in zip(reference, fresh, pooled):
+        assert torch.equal(a, c) and torch.equal(b, c) and torch.equal(la, lc) and torch.equal(lb, lc)
+        assert c.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def test_a_bad_sample_rendered_into_the_batch_is_skipped_or_named_as_elsewhere(tiny_store, tmp_path, writes_noted):
+    import shutil
+
+    import lmdb
+
+    from fastload.errors import CorruptSampleError
+    from fastload.store import format as fmt
+
+    store = tmp_path / "copy.lmdb"
+    shutil.copytree(tiny_store, store)
+    env = lmdb.open(str(store), map_size=1 << 30)
+    with env.begin(write=True) as txn:
+        txn.put(fmt.sample_key(4), b"\xff\xd8\xff not a jpeg")
+    env.close()
+    skipped = _store_batches(store, "processes", 2, on_error="skip")
+    assert writes_noted.read_text().count("\n") == 5  # the bad sample too was redone into its slot
+    assert all(torch.equal(a, b) and torch.equal(la, lb)
+               for (a, la), (b, lb) in zip(_store_batches(store, "threads", 0, on_error="skip"), skipped))
+    assert sum(len(y) for _, y in skipped) == N
+    from fastload.load.dataset import LMDBImageDataset
+    from fastload.load.transforms import train_transform
+
+    ds = LMDBImageDataset(store, transform=train_transform(32))
+    loader = DataLoader(ds, batch_size=6, num_workers=2, collate_fn=collate_uint8, pin_memory=False,
+                        persistent_workers=True)
+    it = iter(loader)
+    pool = it._collate_fn
+    with pytest.raises(CorruptSampleError, match=f"sample 4 \\({ds.samples[4][0]}\\)"):
+        for _ in it:
+            pass
+    gc.collect()
+    # the failed batch gave its segment back; the batches handed out and dropped freed theirs
+    assert pool.flags.sum() <= 2 * slots_for(None) - 1 and 0 in pool.flags[:slots_for(None)].tolist()
+    del it
+    gc.collect()
+
+
+def test_a_planned_batch_read_as_a_list_is_what_it_writes_into_a_batch(tiny_store):
+    from fastload.load.dataset import LMDBImageDataset, PlannedBatch
+    from fastload.load.transforms import train_transform
+
+    for transform in (train_transform(32), train_transform(32, channels_last=True)):
+        ds = LMDBImageDataset(tiny_store, transform=transform)
+        indices, seeds = list(range(3, 14)), [100 + i for i in range(11)]
+        n, c, h, w, channels_last = PlannedBatch(ds, indices, seeds).layout()
+        assert (n, c, h, w, channels_last) == (11, 3, 32, 32, getattr(transform, "channels_last", False))
+        out = torch.empty((n, c, h, w), dtype=torch.uint8,
+                          memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+        labels = PlannedBatch(ds, indices, seeds).write_into(out)
+        as_list = PlannedBatch(ds, indices, seeds)
+        assert [int(y) for _, y in as_list] == labels == [ds.targets[i] for i in indices]
+        assert torch.equal(torch.stack([x for x, _ in as_list]), out)
+        assert as_list.layout() is None  # made already: a collate takes it as the list it is now
