@@ -45,8 +45,9 @@ import torch
 
 from fastload.load.dataset import PlannedBatch
 from fastload.load.transforms import collate_uint8, uint8_batch_layout
+from fastload.load.workers import SHM_PATH, shm_space
 
-__all__ = ["PooledCollate", "PooledBatch", "slots_for", "release_is_tracked"]
+__all__ = ["PooledCollate", "PooledBatch", "slots_for", "pool_fits", "release_is_tracked"]
 
 _TOKENS = itertools.count(1)
 #: the flags of every live pool in this process, by token (a numpy view of the shared tensor): where a
@@ -59,6 +60,16 @@ def slots_for(prefetch_factor: int | None) -> int:
     """Segments per worker: its batches in flight (``prefetch_factor``), plus the batch the loop holds and the
     one before it, which the loop's variables still refer to while ``next()`` makes the new one."""
     return (prefetch_factor or 2) + 2
+
+
+def pool_fits(workers: int, slots: int, batch_bytes: int | None, *, path: str = SHM_PATH) -> bool:
+    """Whether ``path`` has room for every worker's ``slots`` segments of ``batch_bytes`` at once (True where
+    the size or the space is not known). A pool keeps its segments for the worker's life, where a fresh segment
+    per batch needs room only for the batches in flight (what ``workers.check_shm`` checks): where the pool's
+    would not all fit, the loader makes a fresh segment per batch, as torch does, rather than fill ``/dev/shm``
+    with segments kept for later and leave a fresh one no room."""
+    space = shm_space(path)
+    return not batch_bytes or space is None or workers * slots * batch_bytes <= space[1]
 
 
 def release_is_tracked() -> bool:

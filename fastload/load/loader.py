@@ -59,7 +59,7 @@ from torch.utils.data import DistributedSampler, IterableDataset
 from fastload.load import _resume_iter as _ri
 from fastload.load.tracker import ResumeTracker
 from fastload.load.dataset import LMDBImageDataset, reads_by_shard
-from fastload.load.batch_pool import PooledCollate, release_is_tracked, slots_for
+from fastload.load.batch_pool import PooledCollate, pool_fits, release_is_tracked, slots_for
 from fastload.load.transforms import collate_uint8, preset_size
 from fastload.load.workers import auto_num_workers, check_shm, main_thread_budget
 
@@ -87,8 +87,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         reuse_batch_memory: True (default): with worker processes and ``collate_fn=collate_uint8``,
             each worker writes its batches into shared-memory segments it reuses once the main
             process has let go of the batch (``batch_pool.py``): the same batches, without the
-            kernel zeroing a fresh segment for each. False: a fresh segment per batch, as torch
-            does; pass it when you send the loader's batches to another process yourself.
+            kernel zeroing a fresh segment for each (only where ``/dev/shm`` has room for every
+            worker's ``prefetch_factor + 2`` segments at once). False: a fresh segment per batch, as
+            torch does; pass it when you send the loader's batches to another process yourself.
 
     Raises:
         SharedMemoryError: (when iterated) ``/dev/shm`` is too small for the workers' batches.
@@ -232,7 +233,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         tracker = self._fl_resume
         saved = tracker.plan.workers if tracker.plan is not None else None
         user_init, user_collate = self.worker_init_fn, self.collate_fn
-        pooled = self.reuse_batch_memory and user_collate is collate_uint8 and release_is_tracked()
+        slots = slots_for(self.prefetch_factor)
+        pooled = (self.reuse_batch_memory and user_collate is collate_uint8 and release_is_tracked()
+                  and pool_fits(self.num_workers, slots, self._batch_bytes))
         if saved is not None or tracker.seeding or tracker.iterable or tracker.map_stateful or user_init is not None:
             # code runs at a worker's start that may raise (the user's worker_init_fn, a saved state
             # the dataset refuses): iter() waits for every worker to have run it and raises its error
@@ -245,7 +248,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         if pooled:
             # each worker reuses its batches' shared memory once this process let go of them, and a preset that
             # plans writes its images straight into it (batch_pool.py)
-            self.collate_fn = PooledCollate(self.num_workers, slots_for(self.prefetch_factor))
+            self.collate_fn = PooledCollate(self.num_workers, slots)
         try:  # torch's iterator reads them when it is built; the loader keeps the user's
             return _ri.MultiIter(self)
         finally:

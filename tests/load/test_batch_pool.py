@@ -333,3 +333,23 @@ def test_a_planned_batch_read_as_a_list_is_what_it_writes_into_a_batch(tiny_stor
         assert [int(y) for _, y in as_list] == labels == [ds.targets[i] for i in indices]
         assert torch.equal(torch.stack([x for x, _ in as_list]), out)
         assert as_list.layout() is None  # made already: a collate takes it as the list it is now
+
+
+def test_where_dev_shm_cannot_hold_every_workers_segments_each_batch_is_a_fresh_one(monkeypatch):
+    from fastload.load import workers
+
+    batch = 4 * 3 * 8 * 8 + 4 * 8  # what the loader reckons a batch of four 8 px images holds, labels included
+    loader = DataLoader(Indexed(16), batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False)
+    loader._batch_bytes = batch
+    room = 2 * slots_for(None) * batch
+    monkeypatch.setattr(batch_pool, "shm_space", lambda path=workers.SHM_PATH: (1 << 30, room))
+    monkeypatch.setattr(workers, "shm_space", lambda path=workers.SHM_PATH: (1 << 30, room))
+    it = iter(loader)
+    assert isinstance(it._collate_fn, PooledCollate)  # room for all of them: pooled
+    assert all(torch.equal(images, expected(labels)) for images, labels in it)
+    monkeypatch.setattr(batch_pool, "shm_space", lambda path=workers.SHM_PATH: (1 << 30, room - 1))
+    monkeypatch.setattr(workers, "shm_space", lambda path=workers.SHM_PATH: (1 << 30, room - 1))
+    it = iter(loader)  # room for the batches in flight (check_shm passes), not for segments kept besides
+    assert it._collate_fn is collate_uint8
+    assert len({segment(images) for images, _ in it}) == 4
+    assert batch_pool.pool_fits(2, 4, None) and batch_pool.pool_fits(2, 4, 10, path="/no/such/dir")
