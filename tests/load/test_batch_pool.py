@@ -281,19 +281,11 @@ def test_a_planning_preset_renders_into_the_reused_batch_with_the_same_crops(tin
 
 
 def test_a_bad_sample_rendered_into_the_batch_is_skipped_or_named_as_elsewhere(tiny_store, tmp_path, writes_noted):
-    import shutil
-
-    import lmdb
-
     from fastload.errors import CorruptSampleError
-    from fastload.store import format as fmt
+    from helpers import copy_tree, put_undecodable
 
-    store = tmp_path / "copy.lmdb"
-    shutil.copytree(tiny_store, store)
-    env = lmdb.open(str(store), map_size=1 << 30)
-    with env.begin(write=True) as txn:
-        txn.put(fmt.sample_key(4), b"\xff\xd8\xff not a jpeg")
-    env.close()
+    store = copy_tree(tiny_store, tmp_path / "copy.lmdb")
+    put_undecodable(store, 4)
     skipped = _store_batches(store, "processes", 2, on_error="skip")
     assert writes_noted.read_text().count("\n") == 5  # the bad sample too was redone into its slot
     assert all(torch.equal(a, b) and torch.equal(la, lb)
