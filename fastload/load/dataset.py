@@ -284,15 +284,22 @@ class PlannedBatch(Sequence):
     def __getitem__(self, i):
         return self._made()[i]
 
+    def __iter__(self):  # not Sequence's, which would end at an IndexError raised while making the samples
+        return iter(self._made())
+
     def layout(self) -> tuple[int, int, int, int, bool] | None:
         """``(n, c, h, w, channels_last)`` of the batch ``collate_uint8`` would stack these images into, known
-        before any is made (the preset's square ``size``, its layout); None where ``write_into`` cannot be
-        used (a preset that does not write into a given tensor, or says no integer size)."""
+        before any is made; None where ``write_into`` is not used. Only for fastload's own ``train_transform``
+        (``TrainTransform``, not a subclass): its images are ``uint8``, 3 x ``size`` x ``size``, laid out as
+        its ``channels_last`` says. A subclass may change what its images are: its batch is stacked from them
+        as before, so that its batches and its errors are those of ``collate_uint8``."""
+        from fastload.load.transforms import TrainTransform
+
         transform = self.dataset.transform
-        size = getattr(transform, "size", None)
-        if self._items is not None or not preset_writes_into(transform) or not isinstance(size, int):
+        if self._items is not None or type(transform) is not TrainTransform or not preset_writes_into(transform) \
+                or not isinstance(transform.size, int):
             return None
-        return len(self.indices), 3, size, size, preset_channels_last(transform)
+        return len(self.indices), 3, transform.size, transform.size, preset_channels_last(transform)
 
     def write_into(self, out: torch.Tensor) -> list[int]:
         """Make the images in ``out[k]`` (``layout``'s shape and strides) and return the labels. Planned in

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -227,7 +228,7 @@ def test_with_pinned_memory_the_segments_are_reused_and_the_batches_the_same():
     assert pool.flags.tolist() == [0] * (2 * slots_for(None))  # every segment freed by the pin thread
 
 
-# A preset that plans (``train_transform``, ``eval_transform``) on a fastload store: the worker renders each
+# A preset that plans (``train_transform``; ``eval_transform`` does not) on a fastload store: the worker renders each
 # image straight into its slot of the reused segment (``dataset.PlannedBatch``), with no image of its own
 
 N = 24  # tiny_store: 3 classes x 8
@@ -302,9 +303,12 @@ def test_a_bad_sample_rendered_into_the_batch_is_skipped_or_named_as_elsewhere(t
     with pytest.raises(CorruptSampleError, match=f"sample 4 \\({ds.samples[4][0]}\\)"):
         for _ in it:
             pass
-    gc.collect()
-    # the failed batch gave its segment back; the batches handed out and dropped freed theirs
-    assert pool.flags.sum() <= 2 * slots_for(None) - 1 and 0 in pool.flags[:slots_for(None)].tolist()
+    # batch 0 (samples 0-5) failed in worker 0 and gave its segment back; the workers' next batches (2 for worker
+    # 0, 1 and 3 for worker 1) hold theirs, unreceived: once both workers have made them, worker 0 holds one
+    slots, deadline = slots_for(None), time.monotonic() + 30
+    while (pool.flags[:slots].sum() < 1 or pool.flags[slots:].sum() < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.flags[:slots].sum() == 1 and pool.flags[slots:].sum() == 2, pool.flags.tolist()
     del it
     gc.collect()
 
@@ -325,6 +329,27 @@ def test_a_planned_batch_read_as_a_list_is_what_it_writes_into_a_batch(tiny_stor
         assert [int(y) for _, y in as_list] == labels == [ds.targets[i] for i in indices]
         assert torch.equal(torch.stack([x for x, _ in as_list]), out)
         assert as_list.layout() is None  # made already: a collate takes it as the list it is now
+
+
+def test_a_train_transform_subclass_is_stacked_from_its_own_images_as_before(tiny_store):
+    from fastload.load.transforms import TrainTransform
+
+    class Padded(TrainTransform):  # its images are not size x size: the batch is made from them, as before
+        def render(self, data, plan, *, out=None):
+            return torch.nn.functional.pad(super().render(data, plan), (1, 1, 1, 1))
+
+    pooled, fresh = (_store_batches(tiny_store, "processes", 2, transform=Padded(32), reuse=r) for r in (True, False))
+    assert [tuple(x.shape) for x, _ in pooled] == [(5, 3, 34, 34)] * 4 + [(4, 3, 34, 34)]
+    assert all(torch.equal(a, b) and torch.equal(la, lb) for (a, la), (b, lb) in zip(pooled, fresh))
+
+
+def test_a_bad_index_in_a_planned_batch_is_the_readers_error(tiny_store):
+    from fastload.load.dataset import LMDBImageDataset, PlannedBatch
+    from fastload.load.transforms import train_transform
+
+    ds = LMDBImageDataset(tiny_store, transform=train_transform(32))
+    with pytest.raises(IndexError, match="index 30 out of range for 24 samples"):
+        [b[0] for b in PlannedBatch(ds, [2, 30], [1, 2])]
 
 
 def test_where_dev_shm_cannot_hold_every_workers_segments_each_batch_is_a_fresh_one(monkeypatch):
