@@ -214,8 +214,7 @@ class _SeededGetItems:
         if self.planned and len(indices) > 1 and all(getattr(i, "seed", None) is not None for i in indices):
             if self.deferred:  # made by the collate, straight into the batch (batch_pool.PooledCollate)
                 return PlannedBatch(self.dataset, [int(i) for i in indices], [i.seed for i in indices])
-            return getitems_planned(self.dataset, [int(i) for i in indices],
-                                    [torch.Generator().manual_seed(i.seed) for i in indices])
+            return getitems_planned(self.dataset, [int(i) for i in indices], [i.seed for i in indices])
         return [seeded_get(self.dataset, i) for i in indices]
 
 

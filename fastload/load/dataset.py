@@ -15,7 +15,7 @@ in ``store.reader.StoreReader``), or batch.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch.utils.data
@@ -24,11 +24,11 @@ from fastload.errors import CorruptSampleError
 from fastload.image.fast import decode_pil
 from fastload.image.policy import sample_error
 from fastload.load.skips import check_on_error, record_skip
-from fastload.load.transforms import is_preset, preset_channels_last, preset_plans, preset_writes_into
+from fastload.load.transforms import is_preset, preset_channels_last, preset_plans
 from fastload.store.readers import Reader, ReaderOptions, open_store_reader
 
-__all__ = ["LMDBImageDataset", "reads_by_shard", "plans_samples", "getitems_planned", "try_plan", "item_from_plan",
-           "PlannedBatch", "PLAN_RUN"]
+__all__ = ["LMDBImageDataset", "reads_by_shard", "plans_samples", "planned_items", "getitems_planned", "put_in_slot",
+           "try_plan", "item_from_plan", "PlannedBatch", "PLAN_RUN"]
 
 
 class _Samples(Sequence):
@@ -243,20 +243,39 @@ def item_from_plan(dataset: LMDBImageDataset, index: int, planned: tuple[bytes, 
     return dataset.getitem(index, generator=gen) if out is None else dataset.getitem(index, generator=gen, out=out)
 
 
-def getitems_planned(dataset: LMDBImageDataset, indices: list[int],
-                     generators: list[torch.Generator]) -> list[tuple[Any, Any]]:
-    """``[dataset.getitem(i, generator=g) for ...]``, made in runs of ``PLAN_RUN``: each run's samples planned
-    back to back, then rendered. ``generators``: each sample's own, freshly seeded (a sample whose plan or
-    render fails is redone by ``getitem`` with a new generator seeded as that one was). For
-    ``plans_samples`` datasets only."""
-    out: list[tuple[Any, Any]] = []
+def planned_items(dataset: LMDBImageDataset, indices: list[int], seeds: list[int], *,
+                  out: torch.Tensor | None = None) -> Iterator[tuple[Any, Any]]:
+    """``dataset.getitem(i, generator=torch.Generator().manual_seed(seed))`` for each sample in turn, made in
+    runs of ``PLAN_RUN``: each run's samples planned back to back, then rendered (a sample whose plan or
+    render fails is redone by ``getitem`` with a new generator seeded alike). ``out``: a batch whose slot
+    ``out[k]`` sample ``k``'s image may be rendered into. For ``plans_samples`` datasets only."""
     for start in range(0, len(indices), PLAN_RUN):
         run = range(start, min(start + PLAN_RUN, len(indices)))
-        planned = [try_plan(dataset, indices[k], generators[k]) for k in run]
+        planned = [try_plan(dataset, indices[k], torch.Generator().manual_seed(seeds[k])) for k in run]
         for k, p in zip(run, planned):
-            seed = generators[k].initial_seed()
-            out.append(item_from_plan(dataset, indices[k], p, lambda seed=seed: torch.Generator().manual_seed(seed)))
-    return out
+            yield item_from_plan(dataset, indices[k], p, lambda seed=seeds[k]: torch.Generator().manual_seed(seed),
+                                 out=None if out is None else out[k])
+
+
+def getitems_planned(dataset: LMDBImageDataset, indices: list[int], seeds: list[int]) -> list[tuple[Any, Any]]:
+    """``[dataset.getitem(i, generator=torch.Generator().manual_seed(seed)) for ...]``, made as
+    ``planned_items`` makes them."""
+    return list(planned_items(dataset, indices, seeds))
+
+
+def put_in_slot(root: str, index: int, image: Any, slot: torch.Tensor, where: str) -> None:
+    """Sample ``index``'s image into its batch slot: nothing to do where the preset rendered it there, else
+    copied.
+
+    Raises:
+        TypeError: the image is not a ``uint8`` tensor of the slot's shape (``where``: what the slot is in).
+    """
+    if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or image.shape != slot.shape:
+        got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
+        raise TypeError(f"{root}: sample {index}: the transform gave {got}, expected a uint8 tensor of shape "
+                        f"{tuple(slot.shape)} for {where}")
+    if image.data_ptr() != slot.data_ptr() or image.stride() != slot.stride():
+        slot.copy_(image)
 
 
 class PlannedBatch(Sequence):
@@ -274,8 +293,7 @@ class PlannedBatch(Sequence):
 
     def _made(self) -> list[tuple[Any, Any]]:
         if self._items is None:
-            self._items = getitems_planned(self.dataset, self.indices,
-                                           [torch.Generator().manual_seed(s) for s in self.seeds])
+            self._items = getitems_planned(self.dataset, self.indices, self.seeds)
         return self._items
 
     def __len__(self) -> int:
@@ -295,36 +313,22 @@ class PlannedBatch(Sequence):
         as before, so that its batches and its errors are those of ``collate_uint8``."""
         from fastload.load.transforms import TrainTransform
 
-        transform = self.dataset.transform
-        if self._items is not None or type(transform) is not TrainTransform or not preset_writes_into(transform) \
-                or not isinstance(transform.size, int):
+        transform = self.dataset.transform  # TrainTransform.from_bytes takes ``out=`` (``preset_writes_into``)
+        if self._items is not None or type(transform) is not TrainTransform or not isinstance(transform.size, int):
             return None
         return len(self.indices), 3, transform.size, transform.size, preset_channels_last(transform)
 
     def write_into(self, out: torch.Tensor) -> list[int]:
-        """Make the images in ``out[k]`` (``layout``'s shape and strides) and return the labels. Planned in
-        runs of ``PLAN_RUN`` and rendered as ``getitems_planned`` does; a sample whose plan or render fails is
-        redone by ``getitem``, which names it and applies ``on_error``.
+        """Make the images in ``out[k]`` (``layout``'s shape and strides) as ``planned_items`` makes them, and
+        return the labels.
 
         Raises:
             TypeError: the preset gave something other than a ``uint8`` image of the slot's shape.
         """
-        dataset, labels = self.dataset, []
-        for start in range(0, len(self.indices), PLAN_RUN):
-            run = range(start, min(start + PLAN_RUN, len(self.indices)))
-            planned = [try_plan(dataset, self.indices[k], torch.Generator().manual_seed(self.seeds[k])) for k in run]
-            for k, p in zip(run, planned):
-                slot, seed = out[k], self.seeds[k]
-                image, label = item_from_plan(dataset, self.indices[k], p,
-                                              lambda seed=seed: torch.Generator().manual_seed(seed), out=slot)
-                if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or image.shape != slot.shape:
-                    got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) \
-                        else type(image).__name__
-                    raise TypeError(f"{dataset.root}: sample {self.indices[k]}: the transform gave {got}, expected "
-                                    f"a uint8 tensor of shape {tuple(slot.shape)} for the batch")
-                if image.data_ptr() != slot.data_ptr() or image.stride() != slot.stride():
-                    slot.copy_(image)
-                labels.append(int(label))
+        labels = []
+        for k, (image, label) in enumerate(planned_items(self.dataset, self.indices, self.seeds, out=out)):
+            put_in_slot(self.dataset.root, self.indices[k], image, out[k], "the batch")
+            labels.append(int(label))
         return labels
 
 

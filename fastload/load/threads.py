@@ -108,7 +108,7 @@ from torch.utils.data._utils.collate import default_collate
 
 from fastload import exiting
 from fastload.load import reuse
-from fastload.load.dataset import PLAN_RUN, LMDBImageDataset, item_from_plan, plans_samples, try_plan
+from fastload.load.dataset import PLAN_RUN, LMDBImageDataset, item_from_plan, plans_samples, put_in_slot, try_plan
 from fastload.load.replay import mix_seed
 from fastload.load.transforms import (accepts_keyword, collate_uint8, is_preset, preset_channels_last,
                                       preset_size, preset_writes_into)
@@ -426,12 +426,7 @@ class _Job:
         # the preset may write the image into its slot (``into``: then there is nothing to copy)
         image, label = item_from_plan(self.dataset, index, planned, lambda: self._generator(index),
                                       out=slot if self.into else None)
-        if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or tuple(image.shape) != self.shape:
-            got = f"{image.dtype} {tuple(image.shape)}" if isinstance(image, torch.Tensor) else type(image).__name__
-            raise TypeError(f"{self.dataset.root}: sample {index}: the transform gave {got}, expected a uint8 "
-                            f"tensor of shape {self.shape} for the thread pipeline's batch buffer")
-        if image.data_ptr() != slot.data_ptr() or image.stride() != slot.stride():
-            slot.copy_(image)
+        put_in_slot(self.dataset.root, index, image, slot, "the thread pipeline's batch buffer")
         batch.labels[pos] = int(label)
 
     def _collate(self, batch: _Batch) -> None:
