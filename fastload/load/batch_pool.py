@@ -12,9 +12,19 @@ How a segment is known to be free: each worker owns up to ``slots`` segments, an
 segment in a small shared ``flags`` tensor the main process made before the workers started. The
 worker sets a segment's byte when it writes a batch there. The batch travels as a ``PooledBatch``
 (a tuple whose pickle says which byte is its); where it is unpickled (the main thread, or torch's
-pin-memory thread) a finalizer is attached to the batch's storage, and clears the byte when that
-storage dies: when the loop, the pin-memory copy and every view of the batch (``images[0]``,
-``images.numpy()``...) have let go. A worker with no free segment, or no room in ``/dev/shm`` for a
+pin-memory thread) its images are a tensor over a numpy array of the segment made for that batch
+alone, and a finalizer on that array clears the byte when it dies: when the loop, the pin-memory
+copy and every view of the batch (``images[0]``, ``images.numpy()``...) have let go.
+
+How a segment travels: only a segment's first batch carries the segment itself (torch's pickle of a
+storage: its file descriptor, through a socket and an authentication handshake, then ``mmap``). The
+main process keeps that mapping for the pool's life (``_KEPT``), and every later batch in the segment
+carries only which segment it is (the pool, the place, the segment's generation there) and its shape:
+no socket, no handshake, no ``mmap`` and ``munmap`` (with its TLB shootdown), and no page faults when
+the training process reads the batch, per batch: 1.037x (1.024-1.123) the images/s of mapping every
+batch afresh where the training process reads each batch's pages (as a copy to the GPU does), 1.010x
+(0.956-1.105) where it leaves them unread (4 alternating rounds each, real photos, 2 workers, ``uint8``
+batches; ``tools/ab_checkouts.py``, docs/loader.md). A worker with no free segment, or no room in ``/dev/shm`` for a
 new one, makes a fresh one as before: it never waits. A batch the main process never receives (an
 epoch cut short) keeps its byte set: that segment is not reused; nothing else changes. Whether this
 torch runs the finalizer exactly then is checked once per process (``release_is_tracked``); where it
@@ -26,10 +36,11 @@ image is rendered straight into its slot of the segment: no tensor of its own, n
 1.005-1.041x the images/s of rendering then stacking, `uint8` batches, 1.02x channels-last and float,
 ``tools/bench_batch_memory.py --compare render``).
 
-Must not: reuse a segment any tensor of the main process still views. The one case it cannot see:
-another process that maps the batch (one the training process sends it to through a
-``multiprocessing`` queue or pipe, or forks while it holds the batch): the main process's copy can
-die while that process still reads it, and a worker may then write the segment again. Pass
+Must not: reuse a segment any tensor of the main process still views. A batch the training process
+sends on through a ``multiprocessing`` queue or pipe is not the segment's any more: its images are not
+torch shared memory, so torch's pickle first moves them into a segment of their own (a copy), and the
+pool's segment is free. The one case it cannot see: a process forked while the main process holds a
+batch maps the segment too, and a worker may write it again while that process still reads it. Pass
 ``reuse_batch_memory=False`` to the loader then, or hand that process a ``.clone()``.
 """
 
@@ -53,6 +64,9 @@ _TOKENS = itertools.count(1)
 #: the flags of every live pool in this process, by token (a numpy view of the shared tensor): where a
 #: ``PooledBatch`` is unpickled
 _FLAGS: weakref.WeakValueDictionary[tuple[int, int], np.ndarray] = weakref.WeakValueDictionary()
+#: the segments the main process has received, by pool token, then place: ``(generation, segment)``. Made with
+#: the pool (``PooledCollate.__init__``) and dropped with it; a batch still held keeps its own segment mapped
+_KEPT: dict[tuple[int, int], dict[int, tuple[int, torch.UntypedStorage]]] = {}
 _TRACKS: bool | None = None
 
 
@@ -73,23 +87,21 @@ def pool_fits(workers: int, slots: int, batch_bytes: int | None, *, path: str = 
 
 
 def release_is_tracked() -> bool:
-    """Whether this torch runs a finalizer on a storage exactly when its last tensor goes (checked once per
-    process, on a shared-memory storage mapped a second time, as the main process maps a worker's batch).
+    """Whether a batch's images, as ``_received`` makes them, let go of their numpy array exactly when their last
+    view goes (checked once per process, on a shared-memory segment).
 
     Not before: a view still alive keeps it (else a batch in use could be overwritten); not never: a tensor
-    dropped frees it. Torch versions differ in how a storage's Python object lives; where this fails, the
-    loader makes a fresh segment per batch (``collate_uint8``), as torch does.
+    dropped frees it. Torch versions differ in how a tensor made with ``torch.from_numpy`` holds its array;
+    where this fails, the loader makes a fresh segment per batch (``collate_uint8``), as torch does.
     """
     global _TRACKS
     if _TRACKS is None:
         try:
-            own = torch.UntypedStorage._new_shared(64)
-            fd, size = own._share_fd_cpu_()
-            mapped = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
-            t = torch.empty(0, dtype=torch.uint8).set_(mapped, 0, (64,), (1,))
-            del mapped
+            arr = _whole(torch.UntypedStorage._new_shared(64))
+            t = torch.from_numpy(arr)
             fired: list[int] = []
-            weakref.finalize(t.untyped_storage(), fired.append, 1)
+            weakref.finalize(arr, fired.append, 1)
+            del arr
             view = t[8:].numpy()
             del t
             early = bool(fired)
@@ -100,6 +112,21 @@ def release_is_tracked() -> bool:
     return _TRACKS
 
 
+class _Segment:
+    """A whole segment as numpy sees it (``__array_interface__``), holding the segment: the array made from it
+    keeps the segment mapped, and dies with the last tensor made on it."""
+
+    def __init__(self, segment: torch.UntypedStorage) -> None:
+        self.segment = segment
+        self.__array_interface__ = {"shape": (segment.nbytes(),), "typestr": "|u1", "version": 3,
+                                    "data": (segment.data_ptr(), False)}
+
+
+def _whole(segment: torch.UntypedStorage) -> np.ndarray:
+    """A new numpy array over all of ``segment`` (one per batch: its life is the batch's)."""
+    return np.asarray(_Segment(segment))
+
+
 def _new_segment(nbytes: int) -> torch.UntypedStorage:
     return torch.UntypedStorage._new_shared(nbytes)
 
@@ -108,23 +135,50 @@ def _release(flags: np.ndarray, index: int) -> None:
     flags[index] = 0  # numpy, not a torch op: it may run under any dispatch mode (a torch.compile trace)
 
 
-def _received(images: torch.Tensor, labels: torch.Tensor, token: tuple[int, int], index: int):
-    """A ``PooledBatch`` unpickled: a plain ``(images, labels)`` tuple whose images' storage, when it dies,
-    frees its segment for the worker."""
+def _received(segment: torch.UntypedStorage | None, generation: int, shape: tuple[int, ...],
+              strides: tuple[int, ...], labels: torch.Tensor, token: tuple[int, int], index: int):
+    """A ``PooledBatch`` unpickled: a plain ``(images, labels)`` tuple. ``segment``: the segment, with its first
+    batch (kept, where this process made the pool); None: a segment this process kept. The images are a tensor
+    over an array made for this batch, and when it dies (the last view of the batch), the segment is free
+    again for the worker.
+
+    Raises:
+        RuntimeError: a batch in a segment this process never received (the pool's first batch there was
+            unpickled in another process).
+    """
+    kept = _KEPT.get(token)
+    if segment is not None:
+        if kept is not None:
+            kept[index] = (generation, segment)
+    else:
+        got = kept.get(index) if kept is not None else None
+        if got is None or got[0] != generation:
+            raise RuntimeError(
+                "a worker's batch refers to reused shared memory this process never received (its first batch "
+                "was unpickled in another process); pass reuse_batch_memory=False to fastload.DataLoader")
+        segment = got[1]
+    arr = _whole(segment)
+    images = torch.from_numpy(arr).as_strided(shape, strides)
     flags = _FLAGS.get(token)
     if flags is not None:  # unpickled elsewhere than the loader's process: the segment stays taken
-        weakref.finalize(images.untyped_storage(), _release, flags, index).atexit = False  # nothing to free then
+        weakref.finalize(arr, _release, flags, index).atexit = False  # nothing to free then
     return images, labels
 
 
 class PooledBatch(tuple):
-    """``(images, labels)`` in a reused segment; unpickled as a plain tuple (``_received``)."""
+    """``(images, labels)`` in a reused segment; unpickled as a plain tuple (``_received``). ``first``: the
+    segment's first batch at this place, which carries the segment; later ones carry which segment it is."""
 
     token: tuple[int, int]
     index: int
+    generation: int
+    first: bool
 
     def __reduce__(self):
-        return _received, (self[0], self[1], self.token, self.index)
+        images, labels = self
+        segment = images.untyped_storage() if self.first else None
+        return _received, (segment, self.generation, tuple(images.shape), tuple(images.stride()), labels,
+                           self.token, self.index)
 
 
 class PooledCollate:
@@ -140,13 +194,17 @@ class PooledCollate:
         self.token = (os.getpid(), next(_TOKENS))
         self._arr = self.flags.numpy()  # reads and writes without torch ops; keeps ``flags`` alive
         _FLAGS[self.token] = self._arr
+        _KEPT[self.token] = {}
+        weakref.finalize(self, _KEPT.pop, self.token, None)
         self._segments: dict[int, torch.UntypedStorage] = {}
+        self._generations: dict[int, int] = {}  # a worker's: segments made at each place so far
+        self._sent: set[tuple[int, int]] = set()  # a worker's: (place, generation) whose segment has travelled
 
     def __getstate__(self) -> dict:
         return {"slots": self.slots, "flags": self.flags, "token": self.token}  # a worker's segments are its own
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segments={}, _arr=state["flags"].numpy())
+        self.__dict__.update(state, _segments={}, _generations={}, _sent=set(), _arr=state["flags"].numpy())
 
     def __call__(self, batch: Sequence[tuple[torch.Tensor, int]]):
         info = torch.utils.data.get_worker_info()
@@ -174,7 +232,9 @@ class PooledCollate:
             self._arr[index] = 0
             raise
         result = PooledBatch((out, labels))
-        result.token, result.index = self.token, index
+        result.token, result.index, result.generation = self.token, index, self._generations[index]
+        result.first = (index, result.generation) not in self._sent
+        self._sent.add((index, result.generation))
         return result
 
     def _take(self, worker: int, nbytes: int) -> tuple[int, torch.UntypedStorage] | None:
@@ -192,5 +252,6 @@ class PooledCollate:
                 self._segments[index] = _new_segment(nbytes)
             except (RuntimeError, OSError):  # /dev/shm full: a fresh segment as collate_uint8 makes, or its error
                 return None
+            self._generations[index] = self._generations.get(index, 0) + 1
         self._arr[index] = 1
         return index, self._segments[index]

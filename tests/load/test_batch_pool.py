@@ -136,19 +136,23 @@ def in_worker(monkeypatch):
 
 
 def sent(batch):
-    """``batch`` as the main process receives it: its images mapped again from the worker's segment (a
-    storage of their own, as ``rebuild_storage_fd`` makes in another process; unpickled in this one, torch
-    would hand back the worker's own storage object), then what ``PooledBatch``'s pickle calls."""
+    """``batch`` as the main process receives it: what ``PooledBatch``'s pickle calls, with the segment (on its
+    first batch) mapped again, a storage of its own, as ``rebuild_storage_fd`` makes it in another process
+    (unpickled in this one, torch would hand back the worker's own storage object). A plain batch: its images
+    mapped again."""
     images, labels = batch
-    fd, size = images.untyped_storage()._share_fd_cpu_()
-    storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
-    mapped = torch.empty(0, dtype=torch.uint8).set_(storage, images.storage_offset(), images.shape,
-                                                    images.stride())
     if not isinstance(batch, PooledBatch):
-        return mapped, labels.clone()
-    rebuild, args = batch.__reduce__()
-    assert rebuild is batch_pool._received and args[2:] == (batch.token, batch.index)
-    return rebuild(mapped, labels.clone(), *args[2:])
+        fd, size = images.untyped_storage()._share_fd_cpu_()
+        storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
+        return torch.empty(0, dtype=torch.uint8).set_(storage, images.storage_offset(), images.shape,
+                                                      images.stride()), labels.clone()
+    rebuild, (segment, generation, shape, strides, _, token, index) = batch.__reduce__()
+    assert rebuild is batch_pool._received and (token, index, generation) == (batch.token, batch.index,
+                                                                                batch.generation)
+    if segment is not None:
+        fd, size = segment._share_fd_cpu_()
+        segment = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
+    return rebuild(segment, generation, shape, strides, labels.clone(), token, index)
 
 
 def test_a_segment_is_free_again_only_when_every_tensor_on_it_is_gone(in_worker):
@@ -204,6 +208,84 @@ def test_unpickled_where_the_pool_is_unknown_the_segment_stays_taken(in_worker):
     gc.collect()
     gc.collect()
     assert pool.flags.tolist()[2:] == [1, 0]  # never reused: nothing can tell when it is let go
+
+
+def test_only_a_segments_first_batch_carries_it_and_later_ones_use_the_kept_mapping(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    samples = [Indexed(4)[i] for i in range(4)]
+    first = pool(samples)
+    assert first.first and first.generation == 1
+    images, labels = sent(first)
+    mapped = images.untyped_storage().data_ptr()
+    assert batch_pool._KEPT[pool.token][first.index][1].data_ptr() == mapped  # this process's own mapping, kept
+    del first, images
+    gc.collect()
+    again = pool([Indexed(8)[i] for i in range(4, 8)])  # the same place, free again
+    assert again.index == 2 and not again.first and again.__reduce__()[1][0] is None  # no segment travels
+    images, labels = sent(again)
+    assert images.untyped_storage().data_ptr() == mapped and torch.equal(images, expected(labels))
+    assert labels.tolist() == [4, 5, 6, 7]
+
+
+def test_a_new_segment_at_a_place_travels_again(in_worker):
+    pool = PooledCollate(workers=2, slots=1)  # one place per worker: the new segment replaces the old there
+    full = sent(pool([Indexed(4)[i] for i in range(4)]))
+    del full
+    gc.collect()
+    short = pool([Indexed(4)[i] for i in range(3)])  # another size: a new segment at the same place
+    assert short.index == 1 and short.first and short.generation == 2
+    images, labels = sent(short)
+    assert torch.equal(images, expected(labels))
+    kept = batch_pool._KEPT[pool.token][short.index]
+    assert kept[0] == short.generation and kept[1].nbytes() == 3 * 192
+
+
+def test_a_batch_in_a_segment_this_process_never_received_is_a_named_error(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    first = pool([Indexed(2)[i] for i in range(2)])
+    received = sent(first)
+    del first, received
+    gc.collect()
+    batch_pool._KEPT[pool.token].clear()  # as if the first batch had been unpickled in another process
+    with pytest.raises(RuntimeError, match="reuse_batch_memory=False"):
+        sent(pool([Indexed(2)[i] for i in range(2)]))
+
+
+def test_a_batch_sent_on_to_another_process_is_moved_out_of_the_segment_first(in_worker):
+    pool = PooledCollate(workers=2, slots=2)
+    batch = pool([Indexed(4)[i] for i in range(4)])
+    images, labels = sent(batch)
+    del batch
+    gc.collect()
+    assert pool.flags.tolist() == [0, 0, 1, 0]
+    images.share_memory_()  # what torch's pickle does to a tensor sent through a multiprocessing queue
+    gc.collect()
+    assert pool.flags.tolist() == [0, 0, 0, 0]  # free for the worker: the batch has a segment of its own
+    assert images.is_shared() and torch.equal(images, expected(labels))
+    assert images.untyped_storage().data_ptr() != batch_pool._KEPT[pool.token][2][1].data_ptr()
+
+
+def test_the_kept_segments_go_with_their_pool():
+    pool = PooledCollate(workers=1, slots=2)
+    token = pool.token
+    assert token in batch_pool._KEPT
+    del pool
+    gc.collect()
+    assert token not in batch_pool._KEPT
+
+
+def test_over_epochs_each_segment_travels_once(monkeypatch):
+    loader = DataLoader(Indexed(32), batch_size=4, num_workers=2, collate_fn=collate_uint8, pin_memory=False,
+                        persistent_workers=True)
+    it = iter(loader)  # the workers are running: what they pickle is unpickled through this module's name
+    carried: list[bool] = []
+    received = batch_pool._received
+    monkeypatch.setattr(batch_pool, "_received", lambda segment, *a: (carried.append(segment is not None),
+                                                                     received(segment, *a))[1])
+    ok = [torch.equal(images, expected(labels)) for images, labels in it]
+    ok += [torch.equal(images, expected(labels)) for _ in range(2) for images, labels in loader]
+    assert ok == [True] * 24 and len(carried) == 24
+    assert 2 <= sum(carried) <= 2 * slots_for(None)  # each worker's segments, once each
 
 
 def test_outside_a_worker_it_is_collate_uint8():
