@@ -36,11 +36,12 @@ image is rendered straight into its slot of the segment: no tensor of its own, n
 1.005-1.041x the images/s of rendering then stacking, `uint8` batches, 1.02x channels-last and float,
 ``tools/bench_batch_memory.py --compare render``).
 
-Must not: reuse a segment any tensor of the main process still views. A batch the training process
-sends on through a ``multiprocessing`` queue or pipe is not the segment's any more: its images are not
-torch shared memory, so torch's pickle first moves them into a segment of their own (a copy), and the
-pool's segment is free. The one case it cannot see: a process forked while the main process holds a
-batch maps the segment too, and a worker may write it again while that process still reads it. Pass
+Must not: reuse a segment any tensor of the main process still views. What it cannot see: a batch the
+training process hands to another process. Sent through a ``multiprocessing`` queue or pipe, its images
+(not torch shared memory) are moved by torch's pickle into a segment of their own, and the pool's segment
+is free again, while a numpy array or DLPack capsule taken from the images (before or after the send:
+the queue pickles later, in its feeder thread) still points into it; a worker may write it again. A
+process forked while the main process holds a batch maps the segment too. Pass
 ``reuse_batch_memory=False`` to the loader then, or hand that process a ``.clone()``.
 """
 
@@ -198,13 +199,13 @@ class PooledCollate:
         weakref.finalize(self, _KEPT.pop, self.token, None)
         self._segments: dict[int, torch.UntypedStorage] = {}
         self._generations: dict[int, int] = {}  # a worker's: segments made at each place so far
-        self._sent: set[tuple[int, int]] = set()  # a worker's: (place, generation) whose segment has travelled
+        self._sent: dict[int, int] = {}  # a worker's: the generation whose segment has travelled, by place
 
     def __getstate__(self) -> dict:
         return {"slots": self.slots, "flags": self.flags, "token": self.token}  # a worker's segments are its own
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segments={}, _generations={}, _sent=set(), _arr=state["flags"].numpy())
+        self.__dict__.update(state, _segments={}, _generations={}, _sent={}, _arr=state["flags"].numpy())
 
     def __call__(self, batch: Sequence[tuple[torch.Tensor, int]]):
         info = torch.utils.data.get_worker_info()
@@ -233,21 +234,28 @@ class PooledCollate:
             raise
         result = PooledBatch((out, labels))
         result.token, result.index, result.generation = self.token, index, self._generations[index]
-        result.first = (index, result.generation) not in self._sent
-        self._sent.add((index, result.generation))
+        result.first = self._sent.get(index) != result.generation
+        self._sent[index] = result.generation
         return result
 
     def _take(self, worker: int, nbytes: int) -> tuple[int, torch.UntypedStorage] | None:
-        """A free segment of ``nbytes`` for this worker, marked taken: one of its own that fits, else one made
-        in a free place (replacing a free segment of another size); None when every place is taken."""
+        """A free segment of at least ``nbytes`` for this worker, marked taken: the smallest of its own that
+        holds it (an epoch's short last batch goes into a full batch's segment), else one made in a free place
+        (replacing a free segment too small); None when every place is taken.
+
+        A segment is replaced only for a batch larger than every free one. The main process still maps the
+        old one until the new one's first batch arrives (``_KEPT``), so its room comes back only then: with a
+        preset of one output size (the case ``pool_fits`` sizes), batches never grow and nothing is replaced.
+        """
         first = worker * self.slots
         free = [first + k for k, t in enumerate(self._arr[first:first + self.slots].tolist()) if not t]
         if not free:
             return None
-        fits = [i for i in free if i in self._segments and self._segments[i].nbytes() == nbytes]
+        fits = sorted((i for i in free if i in self._segments and self._segments[i].nbytes() >= nbytes),
+                      key=lambda i: self._segments[i].nbytes())
         index = fits[0] if fits else next((i for i in free if i not in self._segments), free[0])
-        if index not in fits:
-            self._segments.pop(index, None)  # a free segment of another size: its room first
+        if not fits:
+            self._segments.pop(index, None)  # a free segment too small: this process's mapping of it first
             try:
                 self._segments[index] = _new_segment(nbytes)
             except (RuntimeError, OSError):  # /dev/shm full: a fresh segment as collate_uint8 makes, or its error

@@ -89,8 +89,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             process has let go of the batch (``batch_pool.py``): the same batches, without the
             kernel zeroing a fresh segment for each (only where ``/dev/shm`` has room for every
             worker's ``prefetch_factor + 2`` segments at once). False: a fresh segment per batch, as
-            torch does; pass it when you fork a process that reads a batch the loop still holds
-            (a batch sent through a ``multiprocessing`` queue or pipe is copied out first).
+            torch does; pass it when you hand the loader's batches to another process yourself
+            (a ``multiprocessing`` queue or pipe, or a fork).
 
     Raises:
         SharedMemoryError: (when iterated) ``/dev/shm`` is too small for the workers' batches.
