@@ -199,13 +199,15 @@ class PooledCollate:
         weakref.finalize(self, _KEPT.pop, self.token, None)
         self._segments: dict[int, torch.UntypedStorage] = {}
         self._generations: dict[int, int] = {}  # a worker's: segments made at each place so far
+        self._largest = 0  # a worker's: the size of the largest segment it made
         self._sent: dict[int, int] = {}  # a worker's: the generation whose segment has travelled, by place
 
     def __getstate__(self) -> dict:
         return {"slots": self.slots, "flags": self.flags, "token": self.token}  # a worker's segments are its own
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, _segments={}, _generations={}, _sent={}, _arr=state["flags"].numpy())
+        self.__dict__.update(state, _segments={}, _generations={}, _sent={}, _largest=0,
+                             _arr=state["flags"].numpy())
 
     def __call__(self, batch: Sequence[tuple[torch.Tensor, int]]):
         info = torch.utils.data.get_worker_info()
@@ -241,11 +243,13 @@ class PooledCollate:
     def _take(self, worker: int, nbytes: int) -> tuple[int, torch.UntypedStorage] | None:
         """A free segment of at least ``nbytes`` for this worker, marked taken: the smallest of its own that
         holds it (an epoch's short last batch goes into a full batch's segment), else one made in a free place
-        (replacing a free segment too small); None when every place is taken.
+        (replacing a free segment too small), as large as the largest this worker made; None when every place
+        is taken.
 
-        A segment is replaced only for a batch larger than every free one. The main process still maps the
-        old one until the new one's first batch arrives (``_KEPT``), so its room comes back only then: with a
-        preset of one output size (the case ``pool_fits`` sizes), batches never grow and nothing is replaced.
+        A segment is replaced only for a batch larger than every free one and every segment made before. The
+        main process still maps the old one until the new one's first batch arrives (``_KEPT``), so its room
+        comes back only then. With a preset of one output size (the case ``pool_fits`` sizes) every segment is
+        a full batch's and nothing is replaced once the first full batch was made.
         """
         first = worker * self.slots
         free = [first + k for k, t in enumerate(self._arr[first:first + self.slots].tolist()) if not t]
@@ -256,10 +260,12 @@ class PooledCollate:
         index = fits[0] if fits else next((i for i in free if i not in self._segments), free[0])
         if not fits:
             self._segments.pop(index, None)  # a free segment too small: this process's mapping of it first
+            nbytes = max(nbytes, self._largest)  # a short batch's place made full size: never replaced later
             try:
                 self._segments[index] = _new_segment(nbytes)
             except (RuntimeError, OSError):  # /dev/shm full: a fresh segment as collate_uint8 makes, or its error
                 return None
             self._generations[index] = self._generations.get(index, 0) + 1
+            self._largest = nbytes
         self._arr[index] = 1
         return index, self._segments[index]
