@@ -24,7 +24,8 @@ no socket, no handshake, no ``mmap`` and ``munmap`` (with its TLB shootdown), an
 the training process reads the batch, per batch: 1.037x (1.024-1.123) the images/s of mapping every
 batch afresh where the training process reads each batch's pages (as a copy to the GPU does), 1.010x
 (0.956-1.105) where it leaves them unread (4 alternating rounds each, real photos, 2 workers, ``uint8``
-batches; ``tools/ab_checkouts.py``, docs/loader.md). A worker with no free segment, or no room in ``/dev/shm`` for a
+batches; ``tools/ab_checkouts.py``, docs/loader.md). The labels travel by value, as a numpy array: as a tensor,
+torch would put them in a shared-memory segment of their own per batch (1.03-1.06x, the same tool). A worker with no free segment, or no room in ``/dev/shm`` for a
 new one, makes a fresh one as before: it never waits. A batch the main process never receives (an
 epoch cut short) keeps its byte set: that segment is not reused; nothing else changes. Whether this
 torch runs the finalizer exactly then is checked once per process (``release_is_tracked``); where it
@@ -137,7 +138,7 @@ def _release(flags: np.ndarray, index: int) -> None:
 
 
 def _received(segment: torch.UntypedStorage | None, generation: int, shape: tuple[int, ...],
-              strides: tuple[int, ...], labels: torch.Tensor, token: tuple[int, int], index: int):
+              strides: tuple[int, ...], labels: np.ndarray, token: tuple[int, int], index: int):
     """A ``PooledBatch`` unpickled: a plain ``(images, labels)`` tuple. ``segment``: the segment, with its first
     batch (kept, where this process made the pool); None: a segment this process kept. The images are a tensor
     over an array made for this batch, and when it dies (the last view of the batch), the segment is free
@@ -160,6 +161,7 @@ def _received(segment: torch.UntypedStorage | None, generation: int, shape: tupl
         segment = got[1]
     arr = _whole(segment)
     images = torch.from_numpy(arr).as_strided(shape, strides)
+    labels = torch.from_numpy(labels)
     flags = _FLAGS.get(token)
     if flags is not None:  # unpickled elsewhere than the loader's process: the segment stays taken
         weakref.finalize(arr, _release, flags, index).atexit = False  # nothing to free then
@@ -178,7 +180,9 @@ class PooledBatch(tuple):
     def __reduce__(self):
         images, labels = self
         segment = images.untyped_storage() if self.first else None
-        return _received, (segment, self.generation, tuple(images.shape), tuple(images.stride()), labels,
+        # the labels by value (a numpy array pickles its bytes): torch's pickle of a tensor would put 512 bytes in a
+        # shared-memory segment of their own, per batch, with the socket, handshake and mmap the images no longer pay
+        return _received, (segment, self.generation, tuple(images.shape), tuple(images.stride()), labels.numpy(),
                            self.token, self.index)
 
 

@@ -8,6 +8,7 @@ import os
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,13 +147,14 @@ def sent(batch):
         storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
         return torch.empty(0, dtype=torch.uint8).set_(storage, images.storage_offset(), images.shape,
                                                       images.stride()), labels.clone()
-    rebuild, (segment, generation, shape, strides, _, token, index) = batch.__reduce__()
+    rebuild, (segment, generation, shape, strides, labels, token, index) = batch.__reduce__()
+    assert isinstance(labels, np.ndarray)  # by value: no shared-memory segment of their own per batch
     assert rebuild is batch_pool._received and (token, index, generation) == (batch.token, batch.index,
                                                                                 batch.generation)
     if segment is not None:
         fd, size = segment._share_fd_cpu_()
         segment = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fd), size)
-    return rebuild(segment, generation, shape, strides, labels.clone(), token, index)
+    return rebuild(segment, generation, shape, strides, labels.copy(), token, index)
 
 
 def test_a_segment_is_free_again_only_when_every_tensor_on_it_is_gone(in_worker):
