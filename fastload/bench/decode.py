@@ -4,8 +4,10 @@ Owns: timing, on one thread and in interleaved rounds, the single operations the
 section of docs/loader.md compares, over the JPEGs of one folder with the same
 random-resized-crop boxes (fixed seed) for every method:
 
-* ``region`` — nvImageCodec decodes only the crop box (``image.fast.decode_rgb_region``),
-  against ``full+crop`` — simplejpeg decodes the whole image, then the box is sliced;
+* ``region`` — only the crop box is decoded (``image.fast.decode_rgb_region``: the compiled
+  libjpeg-turbo decoder where fastload was built with it, else nvImageCodec), and ``region
+  nvimgcodec`` — nvImageCodec's where both are there, against ``full+crop`` — simplejpeg decodes
+  the whole image, then the box is sliced;
 * ``simplejpeg`` against ``pillow`` — a full decode to RGB pixels;
 * ``resize torch`` — torchvision's antialiased bilinear ``uint8`` kernel on the
   channels-last view (what the presets call), against ``resize pillow`` — PIL bilinear
@@ -33,8 +35,9 @@ from fastload.image import DEFAULT_SIZE
 __all__ = ["DecodeBench", "DecodeBenchOptions", "bench_decode"]
 
 #: (row, what it is compared with) in print order.
-PAIRS = (("region", "full+crop"), ("simplejpeg", "pillow"), ("resize torch", "resize pillow"),
-         ("resize torch", "resize opencv"), ("preset", "torchvision"), ("crc32", "preset"))
+PAIRS = (("region", "full+crop"), ("region", "region nvimgcodec"), ("simplejpeg", "pillow"),
+         ("resize torch", "resize pillow"), ("resize torch", "resize opencv"), ("preset", "torchvision"),
+         ("crc32", "preset"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,16 +75,16 @@ class DecodeBench:
         o = self.options
         lines = [f"{self.images} JPEGs ({self.megapixels_mean:.2f} MP mean), one thread, {o.size}px crops, median "
                  f"of {o.rounds} interleaved rounds",
-                 f"{'method':<16}{'ms/image':>10}{'rounds (min-max)':>20}   {'vs':<15}{'ms/image':>10}{'ratio':>8}"]
+                 f"{'method':<16}{'ms/image':>10}{'rounds (min-max)':>20}   {'vs':<18}{'ms/image':>10}{'ratio':>8}"]
         for a, b in PAIRS:
             ra, rb = self.results.get(a), self.results.get(b)
             if ra is None or rb is None:
                 continue
             if rb.ms_per_image is None or ra.ms_per_image is None:
                 why = rb.skipped or ra.skipped
-                lines.append(f"{a:<16}{_ms(ra):>10}{_spread(ra):>20}   {b:<15}{'skipped':>10}  {why}")
+                lines.append(f"{a:<16}{_ms(ra):>10}{_spread(ra):>20}   {b:<18}{'skipped':>10}  {why}")
                 continue
-            lines.append(f"{a:<16}{_ms(ra):>10}{_spread(ra):>20}   {b:<15}{_ms(rb):>10}"
+            lines.append(f"{a:<16}{_ms(ra):>10}{_spread(ra):>20}   {b:<18}{_ms(rb):>10}"
                          f"{rb.ms_per_image / ra.ms_per_image:>7.2f}x")
         lines.append("ratio: the second method's time over the first's (above 1: the first is faster)")
         return "\n".join(lines)
@@ -110,7 +113,7 @@ def _methods(blobs: list[bytes], boxes: list[tuple[int, int, int, int]], size: i
     import torch
     from PIL import Image
 
-    from fastload.image.fast import decode_rgb_fast, decode_rgb_region, jpeg_backend
+    from fastload.image.fast import decode_rgb_fast, decode_rgb_region, jpeg_backend, region_backends
     from fastload.load.transforms import train_transform
 
     crops = [np.ascontiguousarray(decode_rgb_fast(b)[t:t + h, le:le + w]) for b, (t, le, h, w) in zip(blobs, boxes)]
@@ -120,6 +123,10 @@ def _methods(blobs: list[bytes], boxes: list[tuple[int, int, int, int]], size: i
     def region(k: int):
         t, le, h, w = boxes[k]
         return decode_rgb_region(blobs[k], t, le, h, w)
+
+    def region_nvimgcodec(k: int):
+        t, le, h, w = boxes[k]
+        return decode_rgb_region(blobs[k], t, le, h, w, backend="nvimgcodec-cpu")
 
     def full_crop(k: int):
         t, le, h, w = boxes[k]
@@ -146,8 +153,12 @@ def _methods(blobs: list[bytes], boxes: list[tuple[int, int, int, int]], size: i
             return tv(img.convert("RGB"))
 
     methods: dict[str, Callable[[int], object] | str] = {
-        "region": region if jpeg_backend().startswith("nvimgcodec") else
-        f"region decode needs nvImageCodec (pip install 'fastload[fast]'); this machine has {jpeg_backend()}",
+        "region": region if jpeg_backend() != "simplejpeg" else
+        "region decode needs fastload's compiled decoder (a C compiler and libjpeg headers when it is installed: "
+        "apt-get install gcc libjpeg-dev) or nvImageCodec (pip install 'fastload[fast]'); this machine has neither",
+        "region nvimgcodec": region_nvimgcodec if region_backends() == ["libjpeg-turbo", "nvimgcodec-cpu"] else
+        "times nvImageCodec beside fastload's compiled region decoder; this machine has "
+        f"{region_backends() or 'neither'}",
         "full+crop": full_crop,
         "simplejpeg": lambda k: decode_rgb_fast(blobs[k]),
         "pillow": pillow,

@@ -25,6 +25,13 @@ faster for a region: the ``region`` row of ``fastload bench decode``); otherwise
 image is decoded and sliced.
 ``jpeg_backend()`` says which is in use.
 
+Where the package was built with its C extension (``fastload/image/_jpeg.c``, on the system's
+libjpeg-turbo; ``setup.py``), JPEG regions are decoded with that instead: libjpeg-turbo called
+directly, without nvImageCodec's framework and its copy of the decoded rows, and a crop can be decoded
+from a DCT-scaled image (``decode_jpeg_scaled_region``). The same pixels as a full decode, cropped;
+nvImageCodec took 1.12x its time on real photos' crops (``fastload bench decode``, docs/loader.md).
+A JPEG it refuses (any libjpeg error or warning, or a CMYK one) is decoded as before, which names the problem.
+
 Threads: every function here may be called from many threads at once. simplejpeg and
 Pillow keep no shared decoder state; nvImageCodec's decoder is not safe to share, so each
 thread gets its own (``threading.local``). A region decode that nvImageCodec cannot do
@@ -51,7 +58,8 @@ from fastload.image.policy import (DEFAULT_MAX_PIXELS, check_pixels, decode_refe
                                    open_image, raw_header, sniff)
 from fastload.marks import timed
 
-__all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_pil", "image_size", "jpeg_backend", "fallback_counts"]
+__all__ = ["decode_rgb_fast", "decode_rgb_region", "decode_jpeg_scaled_region", "decode_pil", "image_size",
+           "jpeg_backend", "region_backends", "fallback_counts", "jpeg_scale"]
 
 log = logging.getLogger("fastload")
 
@@ -67,6 +75,34 @@ def _simplejpeg():
     import simplejpeg
 
     return simplejpeg
+
+
+def _turbo():
+    """The compiled region decoder (``fastload.image._jpeg``), or None where the package was installed without it."""
+    global _TURBO
+    if _TURBO is False:
+        try:
+            from fastload.image import _jpeg
+        except ImportError:
+            _jpeg = None
+        _TURBO = _jpeg
+    return _TURBO
+
+
+_TURBO = False  # not looked for yet
+
+
+def _turbo_region(data: bytes, top: int, left: int, height: int, width: int, scale: int) -> np.ndarray | None:
+    """The region decoded by ``_turbo()``, or None where it is not built or refuses these bytes."""
+    turbo = _turbo()
+    if turbo is None:
+        return None
+    out = np.empty((height, width, 3), dtype=np.uint8)
+    try:
+        turbo.decode_region(data, top, left, height, width, scale, out)
+    except ValueError:
+        return None
+    return out
 
 
 def _region_decoder():
@@ -103,9 +139,27 @@ def fallback_counts() -> dict[str, int]:
     return dict(_FALLBACKS)
 
 
+def region_backends() -> list[str]:
+    """The JPEG region decoders usable in this process, the one used first: ``"libjpeg-turbo"`` (the compiled
+    one), ``"nvimgcodec-cpu"``."""
+    return [name for name, there in (("libjpeg-turbo", _turbo() is not None),
+                                     ("nvimgcodec-cpu", _region_decoder() is not None)) if there]
+
+
 def jpeg_backend() -> str:
-    """How JPEG regions are decoded in this process: ``"nvimgcodec-cpu"`` or ``"simplejpeg"``."""
-    return "nvimgcodec-cpu" if _region_decoder() is not None else "simplejpeg"
+    """How JPEG regions are decoded in this process: ``"libjpeg-turbo"`` (the compiled region decoder),
+    ``"nvimgcodec-cpu"`` or ``"simplejpeg"`` (a full decode, sliced)."""
+    return (region_backends() or ["simplejpeg"])[0]
+
+
+def jpeg_scale(height: int, width: int, min_height: int, min_width: int) -> int:
+    """The denominator of the smallest DCT scale (1/8, 1/4, 1/2) at which a ``height`` x ``width`` JPEG is still
+    at least ``min_height`` x ``min_width`` (``ceil(height / scale)`` x ...), else 1: what ``decode_rgb_fast``
+    decodes at."""
+    for d in _SCALES:
+        if math.ceil(height / d) >= min_height and math.ceil(width / d) >= min_width:
+            return d
+    return 1
 
 
 def image_size(data: bytes) -> tuple[int, int]:
@@ -145,11 +199,10 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
         try:
             h, w = size if size is not None else sj.decode_jpeg_header(data)[:2]
             check_pixels(w, h)
-            if min_height or min_width:
-                for d in _SCALES:
-                    if math.ceil(h / d) >= min_height and math.ceil(w / d) >= min_width:
-                        return sj.decode_jpeg(data, colorspace="RGB", min_height=math.ceil(h / d),
-                                              min_width=math.ceil(w / d), min_factor=d)
+            d = jpeg_scale(h, w, min_height, min_width) if min_height or min_width else 1
+            if d > 1:
+                return sj.decode_jpeg(data, colorspace="RGB", min_height=math.ceil(h / d),
+                                      min_width=math.ceil(w / d), min_factor=d)
             return sj.decode_jpeg(data, colorspace="RGB")
         except ValueError:
             pass  # refused by libjpeg-turbo's strict API: let Pillow decide (and name the problem)
@@ -160,16 +213,24 @@ def decode_rgb_fast(data: bytes, *, min_height: int = 0, min_width: int = 0,
 
 
 @timed("decode")
-def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int) -> np.ndarray:
+def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int, *,
+                      backend: str | None = None) -> np.ndarray:
     """The ``height`` × ``width`` region at (``top``, ``left``) of the image, HWC uint8 RGB.
 
-    Decodes only that region of a JPEG when nvImageCodec is installed; otherwise (and for
-    other formats, or a JPEG it refuses) decodes everything and slices.
+    Decodes only that region of a JPEG with the compiled decoder, else nvImageCodec, when
+    installed; otherwise (and for other formats, or a JPEG they refuse) decodes everything and
+    slices. ``backend`` (a ``jpeg_backend()`` name): that one alone before the full decode, to
+    compare them (``fastload bench decode``).
 
     Raises:
         BadImage: undecodable bytes.
     """
-    nv = _region_decoder() if is_jpeg(data) else None
+    jpeg = is_jpeg(data)
+    if jpeg and backend in (None, "libjpeg-turbo"):
+        got = _turbo_region(data, top, left, height, width, 1)
+        if got is not None:
+            return got
+    nv = _region_decoder() if jpeg and backend in (None, "nvimgcodec-cpu") else None
     if nv is not None:
         mod, dec, params = nv
         try:
@@ -191,6 +252,16 @@ def decode_rgb_region(data: bytes, top: int, left: int, height: int, width: int)
     if view is not None:  # raw pixels: copy only the region (a copy even when it is the whole image: the
         return view[top:top + height, left:left + width].copy()  # view is read-only, torch warns on it)
     return decode_rgb_fast(data)[top:top + height, left:left + width]
+
+
+@timed("decode")
+def decode_jpeg_scaled_region(data: bytes, top: int, left: int, height: int, width: int,
+                              scale: int) -> np.ndarray | None:
+    """The ``height`` × ``width`` region at (``top``, ``left``) of the JPEG ``data`` decoded at 1/``scale`` (2, 4
+    or 8: ``ceil(image height / scale)`` x ..., what ``decode_rgb_fast`` decodes at ``jpeg_scale``), HWC uint8
+    RGB; None where the compiled decoder is not built, ``data`` is not a JPEG, or the decoder refuses it: decode
+    it with ``decode_rgb_fast`` then, which names a problem."""
+    return _turbo_region(data, top, left, height, width, scale) if is_jpeg(data) else None
 
 
 @timed("decode")

@@ -4,7 +4,7 @@ Owns: ``ThreadBatchIterator``, one epoch of batches made by a pool of threads of
 training process: no worker processes, no pickling, no ``/dev/shm``.
 
 Why threads work here: the expensive parts of fastload's presets (libjpeg-turbo through
-simplejpeg, nvImageCodec's region decode, torch's resize kernel) release the GIL, so N
+simplejpeg, the region decoders, torch's resize kernel) release the GIL, so N
 threads decode on N cores. What they save over worker processes: the shared-memory
 segment per batch, pickling, the page faults of a fresh batch every step, and a copy of
 the dataset object per worker.

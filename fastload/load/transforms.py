@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from fastload.image import DEFAULT_RESIZE, DEFAULT_SIZE
-from fastload.image.fast import decode_rgb_fast, decode_rgb_region, image_size
+from fastload.image.fast import decode_jpeg_scaled_region, decode_rgb_fast, decode_rgb_region, image_size, jpeg_scale
 from fastload.image.policy import mode_to_rgb
 from fastload.marks import timed
 
@@ -349,6 +349,15 @@ class TrainTransform:
         # ``permute`` or slice would be another GIL release per image
         if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
             return torch.from_numpy(decode_rgb_region(data, i, j, ch, cw).transpose(2, 0, 1))
+        d = jpeg_scale(h, w, min_h, min_w)
+        if d > 1:  # just the crop's box (rounded outwards) of the scaled image, where the compiled decoder is built
+            sh, sw = math.ceil(h / d), math.ceil(w / d)
+            fy, fx = sh / h, sw / w  # the box as below, to the bit
+            y0, x0 = int(i * fy), int(j * fx)
+            y1, x1 = min(sh, math.ceil((i + ch) * fy)), min(sw, math.ceil((j + cw) * fx))
+            got = decode_jpeg_scaled_region(data, y0, x0, y1 - y0, x1 - x0, d)
+            if got is not None:
+                return torch.from_numpy(got.transpose(2, 0, 1))
         arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
         if arr.shape[:2] != (h, w):  # scaled decode: round the box outwards
             fy, fx = arr.shape[0] / h, arr.shape[1] / w

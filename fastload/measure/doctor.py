@@ -103,7 +103,9 @@ def format_doctor(r: dict[str, Any]) -> str:
               f"  torch {v['torch']} (CUDA {v['cuda'] or 'none'}), torchvision {v['torchvision']}",
               f"  DALI: {v['dali'] or 'not installed (pip install fastload[dali])'}",
               f"  JPEG: simplejpeg {v['simplejpeg']}, region decode: {r['jpeg_region_decoder']}"
-              + (f" ({v['nvimgcodec']})" if v["nvimgcodec"] else
-                 " (pip install 'fastload[fast]' for crop-only decoding)"),
+              + (" (fastload's compiled decoder, on the system's libjpeg-turbo)"
+                 if r["jpeg_region_decoder"] == "libjpeg-turbo" else f" ({v['nvimgcodec']})" if v["nvimgcodec"] else
+                 " (for crop-only decoding: reinstall fastload where gcc and libjpeg-dev are installed, or "
+                 "pip install 'fastload[fast]')"),
               f"  pillow {v['pillow']}, lmdb {v['lmdb']}"]
     return "\n".join(lines)

@@ -158,7 +158,7 @@ def test_bench_convert_divides_by_the_validator_conversion_runs(tiny_tree, tmp_p
 
 
 def test_bench_decode_times_every_method_or_says_why_not(tiny_tree, tmp_path):
-    from fastload.image.fast import jpeg_backend
+    from fastload.image.fast import jpeg_backend, region_backends
 
     out = tmp_path / "d.json"
     r = CliRunner().invoke(main, ["bench", "decode", str(tiny_tree), "--images", "6", "--rounds", "2",
@@ -167,10 +167,14 @@ def test_bench_decode_times_every_method_or_says_why_not(tiny_tree, tmp_path):
     methods = json.loads(out.read_text())["methods"]
     for name in ("full+crop", "simplejpeg", "pillow", "resize torch", "resize pillow", "preset", "torchvision"):
         assert methods[name]["ms_per_image"] > 0 and len(methods[name]["rounds"]) == 2, name
-    if jpeg_backend().startswith("nvimgcodec"):
+    if jpeg_backend() != "simplejpeg":
         assert methods["region"]["ms_per_image"] > 0
     else:
         assert "nvImageCodec" in methods["region"]["skipped"]
+    if region_backends() == ["libjpeg-turbo", "nvimgcodec-cpu"]:
+        assert methods["region nvimgcodec"]["ms_per_image"] > 0
+    else:
+        assert "compiled region decoder" in methods["region nvimgcodec"]["skipped"]
     if importlib.util.find_spec("cv2") is None:
         assert "OpenCV is not installed" in methods["resize opencv"]["skipped"]
     assert "region" in r.output and "simplejpeg" in r.output

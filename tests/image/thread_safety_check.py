@@ -1,6 +1,7 @@
 """Run in a subprocess by test_thread_safety.py: decode every JPEG of a folder single-threaded, then
 from 4 threads at once (several shuffled passes), and report every output that differs.
 
+``no-turbo`` after the folder: as if the compiled region decoder (fastload/image/_jpeg.c) was not built.
 Prints one JSON line: counts of calls and mismatches per function, the region backend and the
 region-decode fallbacks. A crash (segfault, heap corruption abort) ends the process instead.
 """
@@ -68,4 +69,8 @@ def main(folder: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[2:] == ["no-turbo"]:  # as installed without the compiled decoder: nvImageCodec's path
+        import fastload.image.fast
+
+        fastload.image.fast._TURBO = None
     main(sys.argv[1])
