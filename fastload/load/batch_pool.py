@@ -24,9 +24,10 @@ no socket, no handshake, no ``mmap`` and ``munmap`` (with its TLB shootdown), an
 the training process reads the batch, per batch: 1.037x (1.024-1.123) the images/s of mapping every
 batch afresh where the training process reads each batch's pages (as a copy to the GPU does), 1.010x
 (0.956-1.105) where it leaves them unread (4 alternating rounds each, real photos, 2 workers, ``uint8``
-batches; ``tools/ab_checkouts.py``, docs/loader.md). The labels travel by value, as a numpy array: as a tensor,
-torch would put them in a shared-memory segment of their own per batch (1.03-1.06x, the same tool). A worker with no free segment, or no room in ``/dev/shm`` for a
-new one, makes a fresh one as before: it never waits. A batch the main process never receives (an
+batches; ``tools/ab_checkouts.py``, docs/loader.md). The labels travel by value, as a numpy array: as a
+tensor, torch would put them in a shared-memory segment of their own per batch (1.03-1.06x, the same tool).
+A worker with no free segment, or no room in ``/dev/shm`` for a new one, makes a fresh one as before: it
+never waits. A batch the main process never receives (an
 epoch cut short) keeps its byte set: that segment is not reused; nothing else changes. Whether this
 torch runs the finalizer exactly then is checked once per process (``release_is_tracked``); where it
 does not, nothing is reused.
