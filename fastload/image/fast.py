@@ -30,7 +30,8 @@ libjpeg-turbo; ``setup.py``), JPEG regions are decoded with that instead: libjpe
 directly, without nvImageCodec's framework and its copy of the decoded rows, and a crop can be decoded
 from a DCT-scaled image (``decode_jpeg_scaled_region``). The same pixels as a full decode, cropped;
 nvImageCodec took 1.12x its time on real photos' crops (``fastload bench decode``, docs/loader.md).
-A JPEG it refuses (any libjpeg error or warning, or a CMYK one) is decoded as before, which names the problem.
+A JPEG it refuses (any libjpeg error or warning, a CMYK one, one over the decompression-bomb limit, one
+whose bytes do not end with its end-of-image marker) is decoded as before, which names a problem.
 
 Threads: every function here may be called from many threads at once. simplejpeg and
 Pillow keep no shared decoder state; nvImageCodec's decoder is not safe to share, so each
@@ -83,7 +84,7 @@ def _turbo():
     if _TURBO is False:
         try:
             from fastload.image import _jpeg
-        except ImportError:
+        except Exception:  # not built, or a build this interpreter refuses: the other decoders
             _jpeg = None
         _TURBO = _jpeg
     return _TURBO
@@ -98,9 +99,9 @@ def _turbo_region(data: bytes, top: int, left: int, height: int, width: int, sca
     if turbo is None:
         return None
     out = np.empty((height, width, 3), dtype=np.uint8)
-    try:
-        turbo.decode_region(data, top, left, height, width, scale, out)
-    except ValueError:
+    try:  # an image over the bomb limit is refused before anything is allocated for it: the fallback names it
+        turbo.decode_region(data, top, left, height, width, scale, DEFAULT_MAX_PIXELS, out)
+    except (ValueError, OverflowError):
         return None
     return out
 

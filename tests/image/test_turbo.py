@@ -24,6 +24,7 @@ ENCODINGS = {
     "4:2:2": {"subsampling": 1},
     "4:4:4": {"subsampling": 0},
     "progressive 4:2:0": {"subsampling": 2, "progressive": True},
+    "restart markers 4:2:0": {"subsampling": 2, "restart_marker_blocks": 3},
 }
 
 
@@ -36,11 +37,11 @@ def boxes(h: int, w: int) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def region(data: bytes, top: int, left: int, h: int, w: int, scale: int = 1) -> np.ndarray:
+def region(data: bytes, top: int, left: int, h: int, w: int, scale: int = 1, max_pixels: int = 10**9) -> np.ndarray:
     from fastload.image import _jpeg
 
     out = np.empty((h, w, 3), np.uint8)
-    _jpeg.decode_region(data, top, left, h, w, scale, out)
+    _jpeg.decode_region(data, top, left, h, w, scale, max_pixels, out)
     return out
 
 
@@ -64,14 +65,14 @@ def test_a_grayscale_jpeg_comes_out_rgb():
 
 @pytest.mark.parametrize("scale", [2, 4, 8])
 def test_a_region_at_a_dct_scale_is_simplejpegs_scaled_decode_cropped(scale):
-    for subsampling in (0, 2):
-        data = jpeg_bytes(photo(1001, 750, seed=scale), subsampling=subsampling)
+    for kind in ({"subsampling": 0}, {"subsampling": 2}, {"subsampling": 2, "progressive": True}):
+        data = jpeg_bytes(photo(1001, 750, seed=scale), **kind)
         full = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=math.ceil(750 / scale),
                                       min_width=math.ceil(1001 / scale), min_factor=scale)
         assert full.shape[:2] == (math.ceil(750 / scale), math.ceil(1001 / scale))
         for top, left, h, w in boxes(*full.shape[:2]):
             np.testing.assert_array_equal(region(data, top, left, h, w, scale), full[top:top + h, left:left + w],
-                                          err_msg=f"1/{scale}, subsampling {subsampling}: ({top}, {left}) {h} x {w}")
+                                          err_msg=f"1/{scale}, {kind}: ({top}, {left}) {h} x {w}")
 
 
 def test_the_preset_decodes_the_same_crops_with_and_without_it(monkeypatch):
@@ -92,16 +93,31 @@ def test_the_preset_decodes_the_same_crops_with_and_without_it(monkeypatch):
     assert [torch.equal(a, b) for a, b in zip(with_it, without)] == [True] * len(draws)
 
 
+def test_the_fast_path_gives_it_the_bomb_limit(monkeypatch):
+    import fastload.image.fast as fast
+
+    data = jpeg_bytes(photo(64, 48, seed=1))
+    monkeypatch.setattr(fast, "DEFAULT_MAX_PIXELS", 64 * 48 - 1)
+    assert fast._turbo_region(data, 0, 0, 8, 8, 1) is None  # refused from the header; the fallback's check names it
+    monkeypatch.setattr(fast, "DEFAULT_MAX_PIXELS", 64 * 48)
+    assert fast._turbo_region(data, 0, 0, 8, 8, 1).shape == (8, 8, 3)
+
+
 def test_what_it_refuses_is_decoded_as_before_and_named():
     import fastload.image.fast as fast
     from fastload.image import _jpeg
     from fastload.image.policy import BadImage
 
     data = jpeg_bytes(photo(64, 48, seed=1))
-    with pytest.raises(ValueError, match="libjpeg"):  # cut short: libjpeg would fill the rest with grey
+    with pytest.raises(ValueError, match="end-of-image"):  # cut short: libjpeg would fill the rest with grey
         region(data[: len(data) // 2], 0, 0, 48, 64)
+    with pytest.raises(ValueError, match="end-of-image"):  # even where the crop ends above the cut
+        region(data[: len(data) - 40], 0, 0, 8, 8)
     with pytest.raises(BadImage):  # and the fast path names it, as before
         fast.decode_rgb_region(data[: len(data) // 2], 0, 0, 32, 32)
+    with pytest.raises(ValueError, match="over the limit"):  # a decompression bomb: refused from its header
+        region(data, 0, 0, 8, 8, max_pixels=64 * 48 - 1)
+    region(data, 0, 0, 8, 8, max_pixels=64 * 48)
     cmyk = io.BytesIO()
     photo(64, 48, seed=2).convert("CMYK").save(cmyk, "JPEG", quality=90)
     with pytest.raises(ValueError, match="libjpeg"):  # no CMYK to RGB in libjpeg: Pillow's conversion instead
@@ -113,4 +129,4 @@ def test_what_it_refuses_is_decoded_as_before_and_named():
     with pytest.raises(ValueError, match="scale"):
         region(data, 0, 0, 8, 8, scale=3)
     with pytest.raises(ValueError, match="contiguous"):
-        _jpeg.decode_region(data, 0, 0, 8, 8, 1, np.empty((8, 9, 3), np.uint8))
+        _jpeg.decode_region(data, 0, 0, 8, 8, 1, 10**9, np.empty((8, 9, 3), np.uint8))
