@@ -78,29 +78,19 @@ def _simplejpeg():
     return simplejpeg
 
 
-def _turbo():
-    """The compiled region decoder (``fastload.image._jpeg``), or None where the package was installed without it."""
-    global _TURBO
-    if _TURBO is False:
-        try:
-            from fastload.image import _jpeg
-        except Exception:  # not built, or a build this interpreter refuses: the other decoders
-            _jpeg = None
-        _TURBO = _jpeg
-    return _TURBO
-
-
-_TURBO = False  # not looked for yet
+try:  # the compiled region decoder, None where the package was installed without it
+    from fastload.image import _jpeg as _TURBO
+except Exception:  # not built, or a build this interpreter refuses: the other decoders
+    _TURBO = None
 
 
 def _turbo_region(data: bytes, top: int, left: int, height: int, width: int, scale: int) -> np.ndarray | None:
-    """The region decoded by ``_turbo()``, or None where it is not built or refuses these bytes."""
-    turbo = _turbo()
-    if turbo is None:
+    """The region decoded by the compiled decoder, or None where it is not built or refuses these bytes."""
+    if _TURBO is None:
         return None
     out = np.empty((height, width, 3), dtype=np.uint8)
     try:  # an image over the bomb limit is refused before anything is allocated for it: the fallback names it
-        turbo.decode_region(data, top, left, height, width, scale, DEFAULT_MAX_PIXELS, out)
+        _TURBO.decode_region(data, top, left, height, width, scale, DEFAULT_MAX_PIXELS, out)
     except (ValueError, OverflowError):
         return None
     return out
@@ -143,7 +133,7 @@ def fallback_counts() -> dict[str, int]:
 def region_backends() -> list[str]:
     """The JPEG region decoders usable in this process, the one used first: ``"libjpeg-turbo"`` (the compiled
     one), ``"nvimgcodec-cpu"``."""
-    return [name for name, there in (("libjpeg-turbo", _turbo() is not None),
+    return [name for name, there in (("libjpeg-turbo", _TURBO is not None),
                                      ("nvimgcodec-cpu", _region_decoder() is not None)) if there]
 
 

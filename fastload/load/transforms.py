@@ -258,6 +258,14 @@ def _resize(chw: torch.Tensor, size: list[int], channels_last: bool = False,
     return torch._C._nn._upsample_bilinear2d_aa(chw.unsqueeze(0), size, False, None, out=out)[0]
 
 
+def _box_in(sh: int, sw: int, drawn: tuple[int, int, int, int, int, int, bool]) -> tuple[int, int, int, int]:
+    """``(y0, x0, y1, x1)``: the crop of ``drawn`` (``TrainTransform.draw``) in its image decoded at ``sh`` x ``sw``,
+    rounded outwards (the crop itself at full size: the factors are exactly 1)."""
+    h, w, i, j, ch, cw, _ = drawn
+    fy, fx = sh / h, sw / w
+    return int(i * fy), int(j * fx), min(sh, math.ceil((i + ch) * fy)), min(sw, math.ceil((j + cw) * fx))
+
+
 def _as_chw(img) -> torch.Tensor:
     """PIL image, HWC ndarray or CHW uint8 tensor → CHW uint8 tensor (a view where possible)."""
     if isinstance(img, torch.Tensor):
@@ -350,22 +358,13 @@ class TrainTransform:
         if 2 * min_h > h or 2 * min_w > w:  # no DCT scale fits: decode just the crop
             return torch.from_numpy(decode_rgb_region(data, i, j, ch, cw).transpose(2, 0, 1))
         d = jpeg_scale(h, w, min_h, min_w)
-        if d > 1:  # just the crop's box (rounded outwards) of the scaled image, where the compiled decoder is built
-            sh, sw = math.ceil(h / d), math.ceil(w / d)
-            fy, fx = sh / h, sw / w  # the box as below, to the bit
-            y0, x0 = int(i * fy), int(j * fx)
-            y1, x1 = min(sh, math.ceil((i + ch) * fy)), min(sw, math.ceil((j + cw) * fx))
+        if d > 1:  # just the crop's box of the scaled image, where the compiled decoder is built
+            y0, x0, y1, x1 = _box_in(math.ceil(h / d), math.ceil(w / d), drawn)
             got = decode_jpeg_scaled_region(data, y0, x0, y1 - y0, x1 - x0, d)
             if got is not None:
                 return torch.from_numpy(got.transpose(2, 0, 1))
         arr = decode_rgb_fast(data, min_height=min_h, min_width=min_w, size=(h, w))
-        if arr.shape[:2] != (h, w):  # scaled decode: round the box outwards
-            fy, fx = arr.shape[0] / h, arr.shape[1] / w
-            y0, x0 = int(i * fy), int(j * fx)
-            y1 = min(arr.shape[0], math.ceil((i + ch) * fy))
-            x1 = min(arr.shape[1], math.ceil((j + cw) * fx))
-        else:
-            y0, x0, y1, x1 = i, j, i + ch, j + cw
+        y0, x0, y1, x1 = _box_in(arr.shape[0], arr.shape[1], drawn)  # full size or DCT-scaled, as it came out
         return torch.from_numpy(arr[y0:y1, x0:x1].transpose(2, 0, 1))
 
     @timed("transform", own=True, per_class=True)
